@@ -1,0 +1,21 @@
+import os
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(12345)
+
+
+def small_problem(seed, n=12, d=2, jitter=0.0):
+    """A random binary problem; jitter makes K well conditioned for naive inverses."""
+    r = np.random.default_rng(seed)
+    X = r.standard_normal((n, d))
+    y = np.where(X[:, 0] + 0.7 * r.standard_normal(n) > 0, 1.0, -1.0)
+    return X, y
