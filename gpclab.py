@@ -1110,7 +1110,7 @@ def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", met
 # --- toy data of the book ----------------------------------------------------
 
 
-def make_figure35_data(seed=0):
+def make_figure35_data(seed=3):
     """20 points in [0, 1]^2 like GPML Figure 3.5(a).
 
     Class +1 (open circles) mostly towards the south-west, class -1 towards
@@ -1119,20 +1119,20 @@ def make_figure35_data(seed=0):
     """
     rng = np.random.default_rng(seed)
 
+    lone_pos, lone_neg = np.array([0.85, 0.85]), np.array([0.15, 0.15])
+
     def draw(k, below):
         pts = []
         while len(pts) < k:
             x = rng.uniform(0.05, 0.95, size=2)
-            if (x.sum() < 0.85) if below else (x.sum() > 1.15):
+            side = (x.sum() < 0.85) if below else (x.sum() > 1.15)
+            apart = min(np.linalg.norm(x - lone_pos), np.linalg.norm(x - lone_neg)) > 0.12
+            if side and apart:
                 pts.append(x)
         return pts
 
-    X = draw(9, True) + draw(9, False)
-    y = [1.0] * 9 + [-1.0] * 9
-    X.append(np.array([0.88, 0.85]))  # the lone +1 point among the -1s (NE)
-    y.append(1.0)
-    X.append(np.array([0.12, 0.15]))  # the lone -1 point among the +1s (SW)
-    y.append(-1.0)
+    X = draw(9, True) + draw(9, False) + [lone_pos, lone_neg]
+    y = [1.0] * 9 + [-1.0] * 9 + [1.0, -1.0]  # the lone points: +1 in the NE, -1 in the SW
     return np.array(X), np.array(y)
 
 

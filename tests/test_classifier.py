@@ -1,0 +1,181 @@
+"""Section 9: GPClassifier, ML-II, evidence grids, information score, input checks."""
+import warnings
+
+import numpy as np
+import pytest
+
+import gpclab
+from conftest import small_problem
+
+
+def test_fit_predict_with_any_labels_and_ml2_optimum():
+    X, y = gpclab.make_three_gaussians(seed=0)
+    labels = np.where(y > 0, "pos", "neg")
+    m = gpclab.GPClassifier().fit(X, labels)
+    assert list(m.classes_) == ["neg", "pos"]
+    # ML-II: the gradient vanishes at an interior optimum ...
+    lq, g = m.log_marginal_likelihood(eval_gradient=True)
+    assert lq == pytest.approx(m.log_marginal_likelihood_)
+    assert np.max(np.abs(g)) < 1e-3
+    # ... and it is a maximum: no point nearby is better
+    for dh in ([0.05, 0], [-0.05, 0], [0, 0.05], [0, -0.05]):
+        assert m.log_marginal_likelihood(m.log_hyp_ + np.array(dh)) < lq
+    # close to what GPML reports for its own draw of this data (l = 2.6, sf = 7.0)
+    ell, sf = np.exp(m.log_hyp_)
+    assert 1.5 < ell < 4.0 and 4.0 < sf < 12.0
+    P = m.predict_proba(X)
+    assert P.shape == (60, 2)
+    np.testing.assert_allclose(P.sum(1), 1.0)
+    assert m.score(X, labels) > 0.85
+    assert set(m.predict(X)) <= {"pos", "neg"}
+
+
+def test_ml2_agrees_with_scikit_learn_optimum():
+    """Both maximise the same Laplace evidence (logistic, SE kernel): same optimum."""
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.gaussian_process import GaussianProcessClassifier
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel
+
+    X, t = load_breast_cancer(return_X_y=True)
+    X = (X - X.mean(0)) / X.std(0)
+    X, t = X[::3], t[::3]
+    sk = GaussianProcessClassifier(ConstantKernel(1.0, (1e-5, 1e5)) * RBF(1.0, (1e-4, 1e4))).fit(X, t)
+    m = gpclab.GPClassifier(log_hyp=[0.0, 0.0]).fit(X, t)
+    sk_lml = sk.log_marginal_likelihood_value_
+    assert m.log_marginal_likelihood_ == pytest.approx(sk_lml, abs=1e-4)
+    ell_sk = sk.kernel_.k2.length_scale
+    sf_sk = np.sqrt(sk.kernel_.k1.constant_value)
+    np.testing.assert_allclose(np.exp(m.log_hyp_), [ell_sk, sf_sk], rtol=5e-3)
+
+
+def test_probit_and_ard_fit():
+    X, y = small_problem(2, n=50, d=3)
+    for kernel, lik in [("ard", "logistic"), ("se", "probit"), ("ard", "probit")]:
+        m = gpclab.GPClassifier(kernel=kernel, likelihood=lik).fit(X, y)
+        g = m.log_marginal_likelihood(eval_gradient=True)[1]
+        lo = np.array([b[0] for b in gpclab.default_bounds(kernel, 3)])
+        hi = np.array([b[1] for b in gpclab.default_bounds(kernel, 3)])
+        interior = (m.log_hyp_ > lo + 1e-3) & (m.log_hyp_ < hi - 1e-3)
+        assert np.max(np.abs(g[interior]), initial=0) < 1e-2
+        assert m.score(X, y) > 0.7  # labels are noisy: the Bayes error is arctan(0.7)/pi = 0.19
+
+
+def test_fixed_hyperparameters_and_prediction_rules():
+    X, y = gpclab.make_figure35_data()
+    m = gpclab.GPClassifier(log_hyp=[np.log(0.1), np.log(3.0)], optimize=False).fit(X, y)
+    np.testing.assert_allclose(m.log_hyp_, [np.log(0.1), np.log(3.0)])
+    assert m.score(X, y) == 1.0  # GPML Figure 3.5(b): l = 0.1 classifies every training point right
+    m3 = gpclab.GPClassifier(log_hyp=[np.log(0.3), np.log(3.0)], optimize=False).fit(X, y)
+    wrong = np.flatnonzero(m3.predict(X) != y)
+    np.testing.assert_array_equal(wrong, [18, 19])  # Figure 3.5(d): l = 0.3 misclassifies the two lone points
+    grid = np.random.default_rng(0).uniform(0, 1, (50, 2))
+    pa = m.predict_proba(grid)[:, 1]
+    pm = m.predict_proba(grid, rule="map")[:, 1]
+    assert np.all((pa > 0.5) == (pm > 0.5))
+    f_bar, V = m.predict_latent(grid)
+    assert np.all(V > 0) and np.all(V <= 9.0 + 1e-9)
+
+
+def test_information_bits_against_hand_computation():
+    y_tr = np.array([1, 1, 1, -1])
+    y_te = np.array([1, -1])
+    p = np.array([0.8, 0.3])
+    base = -(0.5 * np.log2(0.75) + 0.5 * np.log2(0.25))  # (3.76)
+    expect = 0.5 * (np.log2(0.8) + np.log2(0.7)) + base
+    assert gpclab.information_bits(p, y_te, y_tr) == pytest.approx(expect, rel=1e-14)
+    # perfect, confident predictions on balanced data give 1 bit; the base line gives 0
+    assert gpclab.information_bits(np.array([1.0, 0.0]), y_te, np.array([1, -1])) == pytest.approx(1.0)
+    assert gpclab.information_bits(np.array([0.5, 0.5]), y_te, np.array([1, -1])) == pytest.approx(0.0)
+
+
+def test_evidence_grid_matches_pointwise_evaluation():
+    X, y = gpclab.make_three_gaussians(seed=1)
+    Xt, yt = gpclab.make_three_gaussians(seed=2)
+    le, ls = np.array([0.0, 1.0, 2.0]), np.array([0.5, 2.0])
+    out = gpclab.evidence_grid(X, y, le, ls, X_test=Xt, y_test=yt, progress=False)
+    assert out["log_q"].shape == (2, 3)
+    for i, s in enumerate(ls):
+        for j, e in enumerate(le):
+            m = gpclab.GPClassifier(log_hyp=[e, s], optimize=False).fit(X, y)
+            assert out["log_q"][i, j] == pytest.approx(m.log_marginal_likelihood_, abs=1e-8)
+            p = m.predict_proba(Xt)[:, 1]
+            assert out["error"][i, j] == pytest.approx(np.mean((p > 0.5) != (yt > 0)))
+            assert out["information"][i, j] == pytest.approx(gpclab.information_bits(p, yt, y), abs=1e-8)
+
+
+def test_three_gaussians_generator():
+    X, y = gpclab.make_three_gaussians(seed=3)
+    assert X.shape == (60, 1) and (y == 1).sum() == 30
+    p = gpclab.three_gaussians_probability(np.array([-6.0, 0.0, 2.0]))
+    e = lambda c, x: np.exp(-0.5 * ((x - c) / 0.8) ** 2)
+    for x, pi in zip([-6.0, 0.0, 2.0], p):
+        pos = 20 * e(-6, x) + 10 * e(2, x)
+        assert pi == pytest.approx(pos / (pos + 30 * e(0, x)), rel=1e-12)
+
+
+# --- bad input: a clear ValueError naming the argument ---------------------------
+
+@pytest.mark.parametrize("X,y,match", [
+    (np.zeros((4, 2)), np.array([1, 1, 1, 1]), "exactly two classes"),
+    (np.zeros((4, 2)), np.array([0, 1, 2, 1]), "exactly two classes"),
+    (np.array([[0.0, np.nan], [1, 1], [2, 2]]), np.array([0, 1, 0]), "X must be finite"),
+    (np.array([[0.0, np.inf], [1, 1], [2, 2]]), np.array([0, 1, 0]), "X must be finite"),
+    (np.zeros((3, 2)), np.array([0.0, np.nan, 1.0]), "y must be finite"),
+    (np.zeros((3, 2)), np.array([0, 1]), "same number of samples"),
+    (np.zeros((0, 2)), np.array([]), "X must not be empty"),
+    (np.zeros(3), np.array([0, 1, 0]), "X must be 2-D"),
+    (np.zeros((3, 2)), np.array([[0, 1, 0]]), "y must be 1-D"),
+])
+def test_fit_rejects_bad_data(X, y, match):
+    with pytest.raises(ValueError, match=match):
+        gpclab.GPClassifier().fit(X, y)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"kernel": "matern"}, "kernel must be one of"),
+    ({"likelihood": "cauchit"}, "likelihood must be one of"),
+    ({"method": "vb"}, "method must be one of"),
+    ({"log_hyp": [0.0]}, "log_hyp for kernel 'se'"),
+    ({"log_hyp": [0.0, np.nan]}, "log_hyp must be finite"),
+    ({"n_restarts": -1}, "n_restarts"),
+])
+def test_fit_rejects_bad_parameters(kwargs, match):
+    X, y = small_problem(0)
+    with pytest.raises(ValueError, match=match):
+        gpclab.GPClassifier(**kwargs).fit(X, y)
+
+
+def test_predict_rejects_bad_input():
+    X, y = small_problem(0)
+    with pytest.raises(ValueError, match="not fitted"):
+        gpclab.GPClassifier().predict_proba(X)
+    m = gpclab.GPClassifier(optimize=False).fit(X, y)
+    with pytest.raises(ValueError, match="X must have 2 features"):
+        m.predict_proba(np.zeros((3, 3)))
+    with pytest.raises(ValueError, match="rule must be one of"):
+        m.predict_proba(X, rule="median")
+    with pytest.raises(ValueError, match="mackay"):
+        gpclab.GPClassifier(likelihood="probit", optimize=False).fit(X, y).predict_proba(X, rule="mackay")
+
+
+def test_not_positive_definite_K_is_reported():
+    K = np.array([[1.0, 2.0], [2.0, 1.0]])  # eigenvalues 3 and -1
+    with pytest.raises(ValueError, match="K is not positive semidefinite"):
+        gpclab._mode_or_raise(K * 100, np.array([1.0, -1.0]), "logistic")
+
+
+def test_grid_rejects_bad_input():
+    X, y = small_problem(0)
+    with pytest.raises(ValueError, match="log_ell"):
+        gpclab.evidence_grid(X, y, [], [0.0], progress=False)
+    with pytest.raises(ValueError, match="X_test and y_test must be given together"):
+        gpclab.evidence_grid(X, y, [0.0], [0.0], X_test=X, progress=False)
+    with pytest.raises(ValueError, match="y_test has a label not seen"):
+        gpclab.evidence_grid(X, y, [0.0], [0.0], X_test=X, y_test=np.full(len(y), 7.0), progress=False)
+
+
+def test_information_bits_rejects_bad_input():
+    with pytest.raises(ValueError, match="p_star must be probabilities"):
+        gpclab.information_bits(np.array([1.5]), np.array([1]), np.array([1, -1]))
+    with pytest.raises(ValueError, match="y_test must contain only"):
+        gpclab.information_bits(np.array([0.5]), np.array([0]), np.array([1, -1]))
