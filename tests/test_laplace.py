@@ -120,6 +120,8 @@ def test_predictions_equal_naive_dense(lik):
     res = gpclab.laplace_mode(K, y, lik)
     p, mean, var = gpclab.laplace_predict(res.f_hat, K, y, lik, K_star, kss)
     m_ref, v_ref = naive.laplace_predict(K, y, lik, res.f_hat, K_star, kss)
+    p_L, mean_L, var_L = gpclab.laplace_predict(res.f_hat, K, y, lik, K_star, kss, "average", res.L)
+    np.testing.assert_allclose(var_L, var, rtol=1e-12, atol=1e-14)  # reusing L from Alg. 3.1
     np.testing.assert_allclose(mean, m_ref, rtol=1e-8, atol=1e-10)
     np.testing.assert_allclose(var, v_ref, rtol=1e-8, atol=1e-10)
     if lik == "probit":  # (3.82)
