@@ -173,10 +173,14 @@ _llvm.add_symbol(
     "gpclab_dtrsm",
     get_cython_function_address("scipy.linalg.cython_blas", "dtrsm"))
 _llvm.add_symbol(
+    "gpclab_dsyrk",
+    get_cython_function_address("scipy.linalg.cython_blas", "dsyrk"))
+_llvm.add_symbol(
     "gpclab_dpotri",
     get_cython_function_address("scipy.linalg.cython_lapack", "dpotri"))
 _vp = types.voidptr
 _dtrsm = types.ExternalFunction("gpclab_dtrsm", types.void(*([_vp] * 11)))
+_dsyrk = types.ExternalFunction("gpclab_dsyrk", types.void(*([_vp] * 10)))
 _dpotri = types.ExternalFunction("gpclab_dpotri", types.void(*([_vp] * 5)))
 
 
@@ -199,6 +203,40 @@ def solve_lower_matrix(L, B):
     _dtrsm(side.ctypes, uplo.ctypes, trans.ctypes, diag.ctypes, mm.ctypes,
            nn.ctypes, alpha.ctypes, Lc.ctypes, nn.ctypes, X.ctypes, mm.ctypes)
     return X
+
+
+@njit(cache=True)
+def syrk_lower(C, A, alpha):
+    """C := C + alpha A^T A on the lower triangle of C (n, n), A (k, n), by BLAS dsyrk.
+
+    The upper triangle of C is left as it was.
+    """
+    k, n = A.shape
+    if n == 0 or k == 0:
+        return
+    Ac = np.ascontiguousarray(A)
+    # In Fortran order A is A^T (n, k): A^T A = F F^T with F = A^T, trans 'N';
+    # the Fortran upper triangle is the C lower triangle.
+    uplo = np.array([ord("U")], np.uint8)
+    trans = np.array([ord("N")], np.uint8)
+    nn = np.array([n], np.int32)
+    kk = np.array([k], np.int32)
+    al = np.array([alpha])
+    beta = np.array([1.0])
+    _dsyrk(uplo.ctypes, trans.ctypes, nn.ctypes, kk.ctypes, al.ctypes, Ac.ctypes,
+           nn.ctypes, beta.ctypes, C.ctypes, nn.ctypes)
+
+
+@njit(cache=True)
+def minus_gram(K, V):
+    """K - V^T V for symmetric K (n, n) and V (k, n), by BLAS dsyrk (half a matrix product)."""
+    out = np.ascontiguousarray(K).copy()
+    syrk_lower(out, V, -1.0)
+    n = out.shape[0]
+    for i in range(n):  # mirror the lower triangle
+        for j in range(i):
+            out[j, i] = out[i, j]
+    return out
 
 
 @njit(cache=True)
@@ -819,27 +857,44 @@ def _probit_site_update(y_i, tau_cav, nu_cav):
 
 
 @njit(cache=True, fastmath={"reassoc", "contract"})
-def _rank_one_update(Sigma, mu, i, d_tau, d_nu):
-    """Sigma := Sigma - d_tau / (1 + d_tau Sigma_ii) s_i s_i^T (3.70) and mu := Sigma nu_tilde.
+def _current_column(Sigma, U, c, m, i, s):
+    """s := column i of Sigma after the m pending rank-one updates (3.70).
 
-    Only the lower triangle of Sigma is kept up to date (it is symmetric);
-    column i is read from it. mu is updated by the same rank-one identity,
-    mu_new = mu + s_i (d_nu (1 - c Sigma_ii) - c mu_i), O(n) instead of the
-    O(n^2) product of line 11.
+    Sigma holds the lower triangle as of the start of the block; pending
+    update j is Sigma := Sigma - c_j u_j u_j^T with u_j = U[j].
     """
-    n = mu.shape[0]
-    s = np.empty(n)
+    n = s.shape[0]
     for k in range(i):
         s[k] = Sigma[i, k]
     for k in range(i, n):
         s[k] = Sigma[k, i]
-    c = d_tau / (1.0 + d_tau * s[i])
-    g = d_nu * (1.0 - c * s[i]) - c * mu[i]
-    for r in range(n):
-        cr = c * s[r]
-        for k in range(r + 1):
-            Sigma[r, k] -= cr * s[k]
-        mu[r] += g * s[r]
+    for j in range(m):
+        w = c[j] * U[j, i]
+        for k in range(n):
+            s[k] -= w * U[j, k]
+
+
+@njit(cache=True)
+def _apply_pending(Sigma, U, c, m):
+    """Sigma := Sigma - sum_j c_j u_j u_j^T (lower triangle): the pending rank-one
+    updates (3.70) as two rank-k BLAS updates, one for each sign of c_j."""
+    n = Sigma.shape[0]
+    n_pos = 0
+    for j in range(m):
+        n_pos += c[j] > 0.0
+    P = np.empty((n_pos, n))
+    N = np.empty((m - n_pos, n))
+    ip = 0
+    im = 0
+    for j in range(m):
+        if c[j] > 0.0:
+            P[ip, :] = math.sqrt(c[j]) * U[j, :]
+            ip += 1
+        else:
+            N[im, :] = math.sqrt(-c[j]) * U[j, :]
+            im += 1
+    syrk_lower(Sigma, P, -1.0)
+    syrk_lower(Sigma, N, 1.0)
 
 
 @njit(cache=True)
@@ -853,7 +908,7 @@ def _ep_posterior(K, tau_tilde, nu_tilde):
         sSK[i, :] = sS[i] * K[i, :]
     # line 14: V := L\(S~^1/2 K). The box prints L^T\; (3.68) needs L\ (GPML errata).
     V = solve_lower_matrix(L, sSK)
-    Sigma = K - V.T @ V                                       # line 15: Sigma := K - V^T V  (3.68)
+    Sigma = minus_gram(K, V)                                  # line 15: Sigma := K - V^T V  (3.68)
     mu = Sigma @ nu_tilde                                     #          mu := Sigma nu~  (3.53)
     return Sigma, mu, L
 
@@ -917,7 +972,13 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
     parameters of lines 8-9 are computed in an algebraically equal form that
     avoids cancellation (_probit_site_update) and tau~ is kept non-negative;
     a site whose cavity precision (line 5) is not positive in floating point
-    is left unchanged for that sweep; mu of line 11 is updated in O(n).
+    is left unchanged for that sweep; mu of line 11 is updated in O(n) by
+    the rank-one identity mu_new = mu + s_i (d_nu (1 - c Sigma_ii) - c mu_i);
+    the rank-one updates of line 10 are collected over 48 consecutive sites
+    and applied to Sigma together (two BLAS rank-k updates), with column i
+    corrected for the pending ones (_current_column). That is the same
+    arithmetic as line 10, with a sixth of the passes over Sigma; only the
+    lower triangle of Sigma is kept during a sweep.
 
     Used in: lectures/sec3_06_ep.ipynb.
     """
@@ -944,6 +1005,10 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
     if order == "random":
         np.random.seed(seed)
     perm = np.arange(n)
+    block = 48                                                # rank-one updates applied together
+    U = np.empty((block, n))                                  # their columns s_i ...
+    c = np.empty(block)                                       # ... and coefficients (3.70)
+    s = np.empty(n)
     log_Z_old = np.inf
     converged = False
     n_sweeps = 0
@@ -953,9 +1018,11 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
         if order == "random":
             perm = np.random.permutation(n)
         delta = 0.0
+        m = 0                                                 # pending rank-one updates
         for i in perm:                                        # line 4: for i := 1 to n
-            tau_cav = 1.0 / Sigma[i, i] - tau_tilde[i]        # line 5: tau_-i := sigma_i^-2 - tau~_i  (3.56)
-            nu_cav = mu[i] / Sigma[i, i] - nu_tilde[i]        # line 6: nu_-i := sigma_i^-2 mu_i - nu~_i
+            _current_column(Sigma, U, c, m, i, s)             # s_i, column i of the current Sigma
+            tau_cav = 1.0 / s[i] - tau_tilde[i]               # line 5: tau_-i := sigma_i^-2 - tau~_i  (3.56)
+            nu_cav = mu[i] / s[i] - nu_tilde[i]               # line 6: nu_-i := sigma_i^-2 mu_i - nu~_i
             if not tau_cav > 0.0:
                 continue
             # line 7: marginal moments (3.58); lines 8-9: site parameters (3.59)
@@ -966,7 +1033,16 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
             d_nu = nu_new - nu_tilde[i]
             nu_tilde[i] = nu_new                              # line 9: nu~_i := sigma_hat^-2 mu_hat - nu_-i
             delta = max(delta, abs(d_tau) / (1.0 + tau_new), abs(d_nu) / (1.0 + abs(nu_new)))
-            _rank_one_update(Sigma, mu, i, d_tau, d_nu)       # lines 10-11: (3.70) and mu := Sigma nu~
+            ci = d_tau / (1.0 + d_tau * s[i])
+            U[m, :] = s                                       # line 10: Sigma := Sigma - ci s_i s_i^T  (3.70)
+            c[m] = ci
+            m += 1
+            g = d_nu * (1.0 - ci * s[i]) - ci * mu[i]         # line 11: mu := Sigma nu~, by the same
+            for k in range(n):                                #   rank-one identity, in O(n)
+                mu[k] += g * s[k]
+            if m == block:
+                _apply_pending(Sigma, U, c, m)
+                m = 0
         Sigma, mu, L = _ep_posterior(K, tau_tilde, nu_tilde)  # lines 13-15: recompute Sigma, mu
         n_sweeps += 1
         log_Z = _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L)  # line 17, each sweep for line 16

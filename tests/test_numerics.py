@@ -58,6 +58,9 @@ def test_triangular_solves_equal_scipy(rng):
     np.testing.assert_allclose(gpclab.solve_lower_matrix(L, B), sl.solve_triangular(L, B, lower=True),
                                rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(gpclab.cholesky_inverse(L), np.linalg.inv(L @ L.T), rtol=1e-10, atol=1e-14)
+    K = A @ A.T
+    V = rng.standard_normal((n - 3, n))
+    np.testing.assert_allclose(gpclab.minus_gram(K, V), K - V.T @ V, rtol=1e-12, atol=1e-12)
 
 
 def _ref_logistic_gauss(mu, var):
