@@ -806,6 +806,406 @@ def _gradient_terms(dK, R, a, g):
 
 
 # ============================================================================
+# 3.5 Multi-class Laplace approximation: Algorithms 3.3, 3.4; gradient
+# ============================================================================
+#
+# Latents are class-major, f of shape (C, n) (3.33); K holds the C blocks of
+# the block-diagonal prior covariance, shape (C, n, n); y is one-hot (C, n).
+# pi (C, n) is the softmax (3.34); D = diag(pi); Pi stacks diag(pi^c);
+# W = D - Pi Pi^T (3.38); R stacks C identity matrices (3.46);
+# E = blockdiag(E_c) = D^1/2 (I + D^1/2 K D^1/2)^-1 D^1/2 and M = cholesky(sum_c E_c) (3.47).
+
+MultiLaplaceMode = namedtuple(
+    "MultiLaplaceMode", ["f_hat", "log_q", "a", "E", "M", "n_iter", "converged"])
+
+
+@njit(cache=True)
+def softmax(f):
+    """pi^c_i = exp(f^c_i) / sum_c' exp(f^c'_i) (3.34), for f of shape (C, n), without overflow."""
+    C, n = f.shape
+    pi = np.empty((C, n))
+    for i in range(n):
+        m = f[0, i]
+        for c in range(1, C):
+            m = max(m, f[c, i])
+        s = 0.0
+        for c in range(C):
+            pi[c, i] = math.exp(f[c, i] - m)
+            s += pi[c, i]
+        for c in range(C):
+            pi[c, i] /= s
+    return pi
+
+
+@njit(cache=True)
+def _log_sum_exp(f):
+    """sum_i log sum_c exp(f^c_i), the normaliser in (3.35)."""
+    C, n = f.shape
+    total = 0.0
+    for i in range(n):
+        m = f[0, i]
+        for c in range(1, C):
+            m = max(m, f[c, i])
+        s = 0.0
+        for c in range(C):
+            s += math.exp(f[c, i] - m)
+        total += m + math.log(s)
+    return total
+
+
+@njit(cache=True)
+def _check_multiclass(K, y):
+    if y.ndim != 2 or K.ndim != 3:
+        raise ValueError("K must have shape (C, n, n) and y shape (C, n)")
+    C, n = y.shape
+    if C < 2 or n == 0:
+        raise ValueError("y must have at least 2 classes (rows) and 1 case (column)")
+    if K.shape[0] != C or K.shape[1] != n or K.shape[2] != n:
+        raise ValueError("K must have shape (C, n, n) to match y of shape (C, n)")
+    for i in range(n):
+        s = 0.0
+        for c in range(C):
+            if y[c, i] != 0.0 and y[c, i] != 1.0:
+                raise ValueError("y must be one-hot: entries 0 or 1")
+            s += y[c, i]
+        if s != 1.0:
+            raise ValueError("y must be one-hot: exactly one 1 in each column")
+
+
+@njit(cache=True)
+def _multiclass_E_M(K, pi):
+    """Lines 5-10 of Algorithm 3.3 (lines 3-7 of 3.4): E_c, sum_c z_c and M."""
+    C, n = pi.shape
+    E = np.empty((C, n, n))
+    E_sum = np.zeros((n, n))
+    z = 0.0
+    for c in range(C):                                        # line 5: for c := 1..C
+        sD = np.sqrt(pi[c])
+        L = np.linalg.cholesky(_form_B(K[c], sD))             # line 6: L := cholesky(I + D_c^1/2 K_c D_c^1/2)
+        Ec = cholesky_inverse(L)                              # line 7: E_c := D_c^1/2 L^T\(L\D_c^1/2)
+        for i in range(n):
+            for j in range(n):
+                Ec[i, j] *= sD[i] * sD[j]
+        E[c] = Ec
+        E_sum += Ec
+        for i in range(n):                                    # line 8: z_c := sum_i log L_ii
+            z += math.log(L[i, i])
+    M = np.linalg.cholesky(E_sum)                             # line 10: M := cholesky(sum_c E_c)
+    return E, z, M
+
+
+@njit(cache=True)
+def _multiclass_objective(a, f, y):
+    """-1/2 a^T f + y^T f - sum_i log sum_c exp f^c_i: Psi (3.35) without its constants."""
+    return -0.5 * (a * f).sum() + (y * f).sum() - _log_sum_exp(f)
+
+
+@njit(cache=True)
+def laplace_mode_multiclass(K, y, a_init=None, tol=1e-10, max_iter=100):
+    """Mode-finding for multi-class Laplace GPC (GPML Algorithm 3.3).
+
+    Parameters
+    ----------
+    K : ndarray, shape (C, n, n)
+        The C diagonal blocks K_c of the prior covariance (classes may have
+        different covariance functions).
+    y : ndarray, shape (C, n)
+        One-hot targets: y[c, i] = 1 if case i has class c (3.33).
+    a_init : ndarray, shape (C, n), optional
+        Warm start a = K^-1 f, used if its objective beats f = 0.
+    tol, max_iter :
+        As laplace_mode: stop when a Newton step raises the objective of
+        line 15 by less than tol.
+
+    Returns
+    -------
+    MultiLaplaceMode, a namedtuple of
+        f_hat (C, n); log_q (3.44); a = K^-1 f_hat (C, n); E (C, n, n) and
+        M (n, n) at f_hat (lines 7 and 10), for reuse by the predictions and
+        the gradient; n_iter; converged.
+
+    Notes
+    -----
+    O((C + 1) n^3) per Newton step; no Cn x Cn matrix is formed. Departures:
+    the step-size safeguard of Algorithm 3.1; the convergence test comes
+    after lines 4-10 so that E and M belong to f_hat; and line 16 also
+    subtracts sum_i log M_ii: |I + W^1/2 K W^1/2| = prod_c |B_c| |sum_c E_c|
+    (by (3.46)-(3.47) and the determinant lemma), which the box leaves out.
+
+    Used in: lectures/sec3_05_multiclass_laplace.ipynb.
+    """
+    _check_multiclass(K, y)
+    C, n = y.shape
+    a = np.zeros((C, n))                                      # line 2: f := 0
+    f = np.zeros((C, n))
+    psi = _multiclass_objective(a, f, y)
+    if a_init is not None:
+        if a_init.shape[0] != C or a_init.shape[1] != n:
+            raise ValueError("a_init must have shape (C, n)")
+        # departs from line 2: warm start from a_init if it is better than 0
+        f_w = np.empty((C, n))
+        for c in range(C):
+            f_w[c] = K[c] @ a_init[c]
+        psi_w = _multiclass_objective(a_init, f_w, y)
+        if psi_w > psi:
+            a, f, psi = a_init.copy(), f_w, psi_w
+    n_iter = 0
+    converged = False
+    psi_old = -np.inf
+    while True:                                               # line 3: repeat
+        pi = softmax(f)                                       # line 4: pi and Pi from f  (3.34)
+        E, z, M = _multiclass_E_M(K, pi)                      # lines 5-10
+        if n_iter > 0 and psi - psi_old < tol:                # line 15: until convergence
+            converged = True
+            break
+        if n_iter == max_iter:
+            break
+        pf = (pi * f).sum(axis=0)                             # (Pi^T f)_i = sum_c pi^c_i f^c_i
+        b = pi * f - pi * pf + y - pi                         # line 11: b := (D - Pi Pi^T) f + y - pi  (3.39)
+        cv = np.empty((C, n))
+        for c in range(C):
+            cv[c] = E[c] @ (K[c] @ b[c])                      # line 12: c := E K b
+        r = solve_lower_transpose(M, solve_lower(M, cv.sum(axis=0)))
+        a_new = np.empty((C, n))
+        f_new = np.empty((C, n))
+        for c in range(C):
+            a_new[c] = b[c] - cv[c] + E[c] @ r                # line 13: a := b - c + E R M^T\(M\(R^T c))  (3.45, 3.47)
+            f_new[c] = K[c] @ a_new[c]                        # line 14: f := K a
+        # departs from lines 13-14: halve the step while it lowers the objective
+        # by more than rounding error (as in laplace_mode)
+        psi_old = psi
+        slack = 1e-12 * (1.0 + abs(psi_old))
+        da = a_new - a
+        df = f_new - f
+        step = 1.0
+        for _ in range(31):
+            a_t = a + step * da
+            f_t = f + step * df
+            psi = _multiclass_objective(a_t, f_t, y)          # objective of line 15
+            if psi >= psi_old - slack:
+                break
+            step *= 0.5
+        a = a_t
+        f = f_t
+        n_iter += 1
+    log_det_M = 0.0
+    for i in range(n):
+        log_det_M += math.log(M[i, i])
+    log_q = psi - z - log_det_M                               # line 16: log q := objective - sum_c z_c  (3.44), - log|M|
+    return MultiLaplaceMode(f, log_q, a, E, M, n_iter, converged)  # line 17
+
+
+@njit(cache=True)
+def _cholesky_psd(A):
+    """Lower Cholesky factor of a small positive semidefinite matrix; a pivot
+    that rounding makes negative is set to zero (its column then vanishes)."""
+    C = A.shape[0]
+    L = np.zeros((C, C))
+    for j in range(C):
+        d = A[j, j]
+        for k in range(j):
+            d -= L[j, k] * L[j, k]
+        if d <= 0.0:
+            continue
+        L[j, j] = math.sqrt(d)
+        for i in range(j + 1, C):
+            s = A[i, j]
+            for k in range(j):
+                s -= L[i, k] * L[j, k]
+            L[i, j] = s / L[j, j]
+    return L
+
+
+@njit(cache=True)
+def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0, E=None, M=None):
+    """Predictions for multi-class Laplace GPC (GPML Algorithm 3.4).
+
+    Parameters
+    ----------
+    K : ndarray, shape (C, n, n)
+        Prior covariance blocks.
+    y : ndarray, shape (C, n)
+        One-hot training targets.
+    f_hat : ndarray, shape (C, n)
+        Posterior mode from laplace_mode_multiclass.
+    K_star : ndarray, shape (C, n, m)
+        k_c(X, x_*) for m test inputs, per class.
+    k_star_star : ndarray, shape (C, m)
+        k_c(x_*, x_*).
+    S : int
+        Monte Carlo samples per test case (lines 17-22).
+    seed : int
+        Seed of the Monte Carlo samples: the same seed gives the same numbers.
+    E, M : optional
+        E and M at f_hat from laplace_mode_multiclass; skip lines 2-7.
+
+    Returns
+    -------
+    pi_bar_star : ndarray, shape (C, m)
+        Predicted class probabilities E_q[pi(f_*)] (line 23).
+    mu_star : ndarray, shape (C, m)
+        Latent predictive means (3.41).
+    Sigma_star : ndarray, shape (m, C, C)
+        Latent predictive covariances (3.43).
+
+    Notes
+    -----
+    Lines 8-16 are reordered for many test cases, as the caption suggests:
+    each E_c is used once for all m test cases, and line 11's solve with M
+    runs on all columns together. With b_c = E_c k_c(x_*), line 13's
+    Sigma_cc' = c^T k_c' equals (M\\b_c)^T (M\\b_c'), so each class needs one
+    triangular solve.
+
+    Used in: lectures/sec3_05_multiclass_laplace.ipynb.
+    """
+    _check_multiclass(K, y)
+    C, n = y.shape
+    if f_hat.shape[0] != C or f_hat.shape[1] != n:
+        raise ValueError("f_hat must have shape (C, n)")
+    if K_star.ndim != 3 or K_star.shape[0] != C or K_star.shape[1] != n:
+        raise ValueError("K_star must have shape (C, n, m)")
+    m = K_star.shape[2]
+    if k_star_star.shape[0] != C or k_star_star.shape[1] != m:
+        raise ValueError("k_star_star must have shape (C, m)")
+    if S < 1:
+        raise ValueError("S must be a positive number of samples")
+    pi = softmax(f_hat)                                       # line 2: pi and Pi from f_hat
+    if E is None or M is None:
+        E, _, M = _multiclass_E_M(K, pi)                      # lines 3-7: E_c, M := cholesky(sum_c E_c)
+    mu_star = np.empty((C, m))
+    H = np.empty((C, n, m))
+    Sigma_star = np.zeros((m, C, C))
+    for c in range(C):                                        # line 8: for c := 1..C (all test cases at once)
+        Kc = np.ascontiguousarray(K_star[c])
+        mu_star[c] = (y[c] - pi[c]) @ Kc                      # line 9: mu_*^c := (y^c - pi^c)^T k_*^c  (3.41)
+        b = E[c] @ Kc                                         # line 10: b := E_c k_*^c
+        H[c] = solve_lower_matrix(M, b)                       # line 11: c := E_c R M^T\(M\(R^T b)), via M\b
+        bk = (b * Kc).sum(axis=0)
+        for j in range(m):
+            Sigma_star[j, c, c] += k_star_star[c, j] - bk[j]  # line 15: Sigma_cc += k_c(x_*, x_*) - b^T k_*^c
+    for c in range(C):                                        # lines 12-14: Sigma_cc' := c^T k_*^c'  (3.43)
+        for c2 in range(c + 1):
+            hh = (H[c] * H[c2]).sum(axis=0)
+            for j in range(m):
+                Sigma_star[j, c, c2] += hh[j]
+                if c2 != c:
+                    Sigma_star[j, c2, c] += hh[j]
+    np.random.seed(seed)
+    pi_bar_star = np.zeros((C, m))                            # line 17: pi_* := 0
+    fs = np.empty(C)
+    for j in range(m):
+        Lj = _cholesky_psd(Sigma_star[j])
+        for s in range(S):                                    # line 18: for i := 1..S
+            z = np.random.standard_normal(C)
+            for c in range(C):                                # line 19: f_* ~ N(mu_*, Sigma)
+                fs[c] = mu_star[c, j]
+                for k in range(c + 1):
+                    fs[c] += Lj[c, k] * z[k]
+            mx = fs.max()
+            tot = 0.0
+            for c in range(C):
+                fs[c] = math.exp(fs[c] - mx)
+                tot += fs[c]
+            for c in range(C):                                # line 20: pi_* += softmax(f_*)  (3.34)
+                pi_bar_star[c, j] += fs[c] / tot
+    pi_bar_star /= S                                          # line 22: pi_bar_* := pi_* / S
+    return pi_bar_star, mu_star, Sigma_star                   # line 23
+
+
+@njit(cache=True)
+def laplace_log_q_grad_multiclass(K, X, kernel, log_hyp, y, f_hat, a, E, M):
+    """Gradient of the multi-class log q (3.44) w.r.t. per-class log-hyperparameters.
+
+    Parameters
+    ----------
+    K : ndarray, shape (C, n, n)
+        K[c] = kernel_matrix(kernel, X, X, log_hyp[c]).
+    X : ndarray, shape (n, d)
+    kernel : str
+    log_hyp : ndarray, shape (C, p)
+        Log-hyperparameters of each class's covariance function.
+    y, f_hat, a, E, M :
+        Targets and the mode with E and M at f_hat (laplace_mode_multiclass).
+
+    Returns
+    -------
+    grad : ndarray, shape (C, p)
+        d log q / d log_hyp[c, j]. For hyperparameters shared by all
+        classes, sum over c.
+
+    Notes
+    -----
+    The multi-class form of K&R eqs. 42-47: with A = (K^-1 + W)^-1 and
+    R = (K + W^-1)^-1 = E - E R M^-T M^-1 R^T E (3.47), the explicit part is
+    1/2 a^T dK a - 1/2 tr(R dK) and the implicit part s2^T df_hat, with
+    df_hat = (I - K R) dK (y - pi) and s2 = -1/2 tr(A dW/df). W is block
+    diagonal over cases (C x C blocks), so s2 needs only the per-case
+    blocks of A: s2^c_i = -1/2 pi^c_i (v^c_i - sum_c' pi^c'_i v^c'_i) with
+    v^c_i = A^i_cc - 2 (A^i pi_i)_c. Cost O(C n^3) once, O(C n^2) per
+    hyperparameter.
+    """
+    _check_multiclass(K, y)
+    C, n = y.shape
+    if log_hyp.ndim != 2 or log_hyp.shape[0] != C:
+        raise ValueError("log_hyp must have shape (C, p)")
+    pi = softmax(f_hat)
+    g = y - pi                                                # grad log p(y|f_hat) = y - pi  (3.36)
+    # blocks of A = K - K R K on the diagonal of each case: A^i_cc' =
+    # delta_cc' (K_c - K_c E_c K_c)_ii + (G_c^T G_c')_ii, G_c = M\(E_c K_c)
+    G = np.empty((C, n, n))
+    diagA = np.empty((C, n))
+    Rcc = np.empty((C, n, n))                                 # diagonal blocks of R: E_c - E_c P E_c
+    for c in range(C):
+        F = E[c] @ K[c]
+        G[c] = solve_lower_matrix(M, F)
+        kf = (K[c] * F.T).sum(axis=1)                         # (K_c E_c K_c)_ii
+        for i in range(n):
+            diagA[c, i] = K[c, i, i] - kf[i]
+        Rcc[c] = minus_gram(E[c], solve_lower_matrix(M, E[c]))
+    s2 = np.empty((C, n))
+    Ai = np.empty((C, C))
+    v = np.empty(C)
+    for i in range(n):
+        for c in range(C):
+            for c2 in range(C):
+                s = 0.0
+                for k in range(n):
+                    s += G[c, k, i] * G[c2, k, i]
+                Ai[c, c2] = s
+            Ai[c, c] += diagA[c, i]
+        for c in range(C):
+            Api = 0.0
+            for c2 in range(C):
+                Api += Ai[c, c2] * pi[c2, i]
+            v[c] = Ai[c, c] - 2.0 * Api
+        pv = 0.0
+        for c in range(C):
+            pv += pi[c, i] * v[c]
+        for c in range(C):
+            s2[c, i] = -0.5 * pi[c, i] * (v[c] - pv)
+    p = log_hyp.shape[1]
+    grad = np.empty((C, p))
+    for c0 in range(C):
+        for j in range(p):
+            dK = kernel_grad(kernel, X, log_hyp[c0], K[c0], j)
+            aDa, trRdK, u = _gradient_terms(dK, Rcc[c0], a[c0], g[c0])
+            explicit = 0.5 * aDa - 0.5 * trRdK                # (K&R 43), class block c0
+            t = E[c0] @ u                                     # R u for u = dK (y - pi), nonzero in block c0:
+            w = solve_lower_transpose(M, solve_lower(M, t))   #   (R u)_c = delta_c,c0 t - E_c M^-T M^-1 t
+            implicit = 0.0
+            for c in range(C):
+                Ru = -(E[c] @ w)
+                if c == c0:
+                    Ru += t
+                df = -(K[c] @ Ru)                             # df_hat = (I - K R) u  (K&R 47)
+                if c == c0:
+                    df += u
+                implicit += s2[c] @ df                        # (K&R 45)
+            grad[c0, j] = explicit + implicit                 # (K&R 42)
+    return grad
+
+
+# ============================================================================
 # 3.6 Expectation propagation: Algorithms 3.5, 3.6; log Z_EP and its gradient
 # ============================================================================
 #
@@ -1208,6 +1608,28 @@ def _check_log_hyp(log_hyp, kernel, d, name="log_hyp"):
     return np.ascontiguousarray(h)
 
 
+def class_labels(y, name="y"):
+    """Validate labels of any type: returns (index of each label in classes, classes)."""
+    y = np.asarray(y)
+    if y.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {y.shape}")
+    if y.shape[0] == 0:
+        raise ValueError(f"{name} must not be empty")
+    if y.dtype.kind == "f" and not np.all(np.isfinite(y)):
+        raise ValueError(f"{name} must be finite, got {y[~np.isfinite(y)][0]}")
+    classes, idx = np.unique(y, return_inverse=True)
+    if classes.shape[0] < 2:
+        raise ValueError(f"{name} must contain at least two classes, got {classes.tolist()}")
+    return idx.ravel(), classes
+
+
+def one_hot(idx, C):
+    """One-hot targets, shape (C, n), class-major as in (3.33)."""
+    Y = np.zeros((C, idx.shape[0]))
+    Y[idx, np.arange(idx.shape[0])] = 1.0
+    return Y
+
+
 def binary_labels(y, name="y"):
     """Map any two-class labels to -1/+1 (GPML section 3.2).
 
@@ -1274,6 +1696,24 @@ def laplace_evidence(X, y, log_hyp, kernel="se", likelihood="logistic", a_init=N
     return mode.log_q, grad, mode
 
 
+def multiclass_evidence(X, Y, log_hyp, kernel="se", a_init=None, eval_gradient=True):
+    """Multi-class Laplace log q (3.44) and its gradient, log_hyp of shape (C, p).
+
+    Y is one-hot (C, n). Returns (log_q, grad (C, p) or None, MultiLaplaceMode).
+    """
+    K = np.stack([kernel_matrix(kernel, X, X, h) for h in log_hyp])
+    try:
+        mode = laplace_mode_multiclass(K, Y, a_init)
+    except np.linalg.LinAlgError:
+        raise ValueError("K is not positive semidefinite: a Cholesky factor of Algorithm 3.3 "
+                         "failed; check the covariance function and its hyperparameters") from None
+    grad = None
+    if eval_gradient:
+        grad = laplace_log_q_grad_multiclass(K, X, kernel, log_hyp, Y, mode.f_hat, mode.a,
+                                             mode.E, mode.M)
+    return mode.log_q, grad, mode
+
+
 def _warn_not_converged(result, where):
     """Turn a convergence flag of laplace_mode or ep into a RuntimeWarning."""
     if result.converged:
@@ -1292,8 +1732,12 @@ def evidence(X, y, log_hyp, kernel="se", likelihood="logistic", method="laplace"
     """Approximate log evidence and gradient by `method`: laplace_evidence or ep_evidence.
 
     warm is the warm start returned by the previous call (or None).
-    Returns (value, grad, result, warm).
+    For y of shape (C, n) (one-hot) the multi-class Laplace evidence, with
+    log_hyp of shape (C, p). Returns (value, grad, result, warm).
     """
+    if np.ndim(y) == 2:
+        v, g, res = multiclass_evidence(X, y, log_hyp, kernel, warm, eval_gradient)
+        return v, g, res, res.a
     if method == "laplace":
         v, g, res = laplace_evidence(X, y, log_hyp, kernel, likelihood, warm, eval_gradient)
         return v, g, res, res.a
@@ -1306,30 +1750,53 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
     """ML-II: maximise the approximate log evidence over log_hyp by L-BFGS-B.
 
     Uses the analytic gradient (K&R 42-47 for Laplace, K&R 51 for EP); each
-    evaluation warm-starts from the previous mode or sites.
+    evaluation warm-starts from the previous mode or sites. For multi-class y
+    (one-hot, shape (C, n)) log_hyp0 is either (p,), shared by all classes,
+    or (C, p), one set per class; bounds are given for one set of p.
     Returns (log_hyp, log evidence, scipy OptimizeResult).
     """
     from scipy.optimize import minimize
 
-    state = {"warm": None}
-
-    def neg(h):
-        h = np.ascontiguousarray(h, dtype=float)
-        v, g, _, state["warm"] = evidence(X, y, h, kernel, likelihood, method, state["warm"])
-        if not np.isfinite(v):
-            return np.inf, np.zeros_like(h)
-        return -v, -g
-
+    multi = np.ndim(y) == 2
+    shape = np.shape(log_hyp0)
     if bounds is None:
         bounds = default_bounds(kernel, X.shape[1])
-    x0 = np.clip(log_hyp0, [b[0] for b in bounds], [b[1] for b in bounds])
+    C = y.shape[0] if multi else 1
+
+    def unpack(x):
+        x = np.ascontiguousarray(x, dtype=float)
+        if not multi:
+            return x
+        return np.tile(x, (C, 1)) if len(shape) == 1 else x.reshape(shape)
+
+    def pack_grad(g):
+        if not multi:
+            return g
+        return g.sum(axis=0) if len(shape) == 1 else g.ravel()
+
+    state = {"warm": None}
+
+    def neg(x):
+        v, g, _, state["warm"] = evidence(X, y, unpack(x), kernel, likelihood, method, state["warm"])
+        if not np.isfinite(v):
+            return np.inf, np.zeros_like(x)
+        return -v, -pack_grad(g)
+
+    x0 = np.ravel(log_hyp0)
+    if multi and len(shape) == 2:
+        bounds = list(bounds) * C
+    x0 = np.clip(x0, [b[0] for b in bounds], [b[1] for b in bounds])
     res = minimize(neg, x0, jac=True, method="L-BFGS-B", bounds=bounds,
                    options={"maxiter": max_iter})
-    return np.asarray(res.x), -float(res.fun), res
+    return np.asarray(res.x).reshape(shape), -float(res.fun), res
 
 
 class GPClassifier:
-    """Binary Gaussian-process classifier in the scikit-learn style.
+    """Gaussian-process classifier in the scikit-learn style.
+
+    Two classes: binary GPC with the logistic or probit likelihood by Laplace
+    (GPML 3.4) or EP (GPML 3.6). More than two classes: the softmax model by
+    the multi-class Laplace approximation (GPML 3.5).
 
     Parameters
     ----------
@@ -1337,6 +1804,8 @@ class GPClassifier:
         Squared exponential (GPML section 3.7) or Williams & Barber's ARD form
         with a bias (W&B 4); see section 2 of the module for log_hyp.
     likelihood : {'logistic', 'probit'}
+        For more than two classes 'logistic' means its generalisation, the
+        softmax (3.34).
     method : {'laplace', 'ep'}
         Approximate inference: Laplace (GPML 3.4) or expectation propagation
         (GPML 3.6, probit likelihood only).
@@ -1351,12 +1820,19 @@ class GPClassifier:
     n_restarts : int
         Extra ML-II runs from random starts within `bounds`; the best is kept.
     random_state : int
-        Seed for the restarts.
+        Seed for the restarts and for the Monte Carlo predictions of the
+        multi-class model.
+    shared_hyp : bool
+        Multi-class only: one set of hyperparameters for all C latent
+        functions (default) or one per class (as Williams & Barber).
+    n_samples : int
+        Multi-class only: Monte Carlo samples per test case (Algorithm 3.4).
 
     Attributes (after fit)
     ----------------------
-    classes_ : the two labels; classes_[1] is class +1.
-    log_hyp_ : fitted log-hyperparameters.
+    classes_ : the labels; for two classes classes_[1] is class +1.
+    log_hyp_ : fitted log-hyperparameters: (p,), or (C, p) for a multi-class
+        model with shared_hyp=False.
     log_marginal_likelihood_ : approximate log evidence at log_hyp_.
     f_hat_ : posterior mode of the training latents (Laplace).
     n_iter_ : Newton steps of the last mode search (Laplace).
@@ -1365,7 +1841,8 @@ class GPClassifier:
     """
 
     def __init__(self, kernel="se", likelihood="logistic", method="laplace", log_hyp=None,
-                 optimize=True, bounds=None, n_restarts=0, random_state=0):
+                 optimize=True, bounds=None, n_restarts=0, random_state=0, shared_hyp=True,
+                 n_samples=2000):
         self.kernel = kernel
         self.likelihood = likelihood
         self.method = method
@@ -1374,6 +1851,8 @@ class GPClassifier:
         self.bounds = bounds
         self.n_restarts = n_restarts
         self.random_state = random_state
+        self.shared_hyp = shared_hyp
+        self.n_samples = n_samples
 
     def _check_params(self):
         _check_choice(self.kernel, "kernel", _KERNELS)
@@ -1384,18 +1863,39 @@ class GPClassifier:
                              f"are for the cumulative Gaussian), got likelihood={self.likelihood!r}")
         if not isinstance(self.n_restarts, (int, np.integer)) or self.n_restarts < 0:
             raise ValueError(f"n_restarts must be a non-negative integer, got {self.n_restarts!r}")
+        if not isinstance(self.n_samples, (int, np.integer)) or self.n_samples < 1:
+            raise ValueError(f"n_samples must be a positive integer, got {self.n_samples!r}")
 
     def fit(self, X, y):
-        """Fit the hyperparameters (if optimize) and the Laplace approximation."""
+        """Fit the hyperparameters (if optimize) and the approximate posterior."""
         self._check_params()
         X = _as_2d_float(X, "X")
-        y_pm, self.classes_ = binary_labels(y, "y")
-        if y_pm.shape[0] != X.shape[0]:
+        idx, self.classes_ = class_labels(y, "y")
+        if idx.shape[0] != X.shape[0]:
             raise ValueError(f"X and y must have the same number of samples, "
-                             f"got {X.shape[0]} and {y_pm.shape[0]}")
+                             f"got {X.shape[0]} and {idx.shape[0]}")
+        C = self.classes_.shape[0]
+        self.multiclass_ = C > 2
+        if self.multiclass_ and (self.method != "laplace" or self.likelihood != "logistic"):
+            raise ValueError(f"y has {C} classes: the multi-class model is the softmax with "
+                             "method='laplace', likelihood='logistic' (GPML 3.5), got "
+                             f"method={self.method!r}, likelihood={self.likelihood!r}")
+        y_pm = one_hot(idx, C) if self.multiclass_ else np.where(idx == 1, 1.0, -1.0)
         d = X.shape[1]
-        h0 = (default_log_hyp(self.kernel, X) if self.log_hyp is None
-              else _check_log_hyp(self.log_hyp, self.kernel, d))
+        if self.log_hyp is None:
+            h0 = default_log_hyp(self.kernel, X)
+            if self.multiclass_ and not self.shared_hyp:
+                h0 = np.tile(h0, (C, 1))
+        elif self.multiclass_ and not self.shared_hyp:
+            h0 = np.asarray(self.log_hyp, dtype=float)
+            if h0.ndim == 1:
+                h0 = np.tile(h0, (C, 1))
+            if h0.shape[0] != C:
+                raise ValueError(f"log_hyp for shared_hyp=False must have one row per class "
+                                 f"({C}), got shape {h0.shape}")
+            h0 = np.stack([_check_log_hyp(h, self.kernel, d) for h in h0])
+        else:
+            h0 = _check_log_hyp(self.log_hyp, self.kernel, d)
         if self.optimize:
             bounds = self.bounds if self.bounds is not None else default_bounds(self.kernel, d)
             best_h, best_lq, _ = ml2(X, y_pm, h0, self.kernel, self.likelihood, bounds,
@@ -1403,6 +1903,7 @@ class GPClassifier:
             rng = np.random.default_rng(self.random_state)
             for _ in range(self.n_restarts):
                 start = np.array([rng.uniform(lo, hi) for lo, hi in bounds])
+                start = np.broadcast_to(start, h0.shape).copy() if h0.ndim == 2 else start
                 h, lq, _ = ml2(X, y_pm, start, self.kernel, self.likelihood, bounds,
                                method=self.method)
                 if lq > best_lq:
@@ -1411,9 +1912,13 @@ class GPClassifier:
         self.log_hyp_ = np.ascontiguousarray(h0, dtype=float)
         self.X_train_ = X
         self.y_train_ = y_pm
-        self.K_ = kernel_matrix(self.kernel, X, X, self.log_hyp_)
-        v, _, res, _ = evidence(X, y_pm, self.log_hyp_, self.kernel, self.likelihood,
-                                self.method, None, False)
+        v, _, res, _ = evidence(X, y_pm, self._class_hyp(self.log_hyp_), self.kernel,
+                                self.likelihood, self.method, None, False)
+        if self.multiclass_:
+            self.K_ = np.stack([kernel_matrix(self.kernel, X, X, h)
+                                for h in self._class_hyp(self.log_hyp_)])
+        else:
+            self.K_ = kernel_matrix(self.kernel, X, X, self.log_hyp_)
         _warn_not_converged(res, "GPClassifier.fit")
         self.result_ = res
         if self.method == "laplace":
@@ -1424,6 +1929,12 @@ class GPClassifier:
             self.tau_tilde_ = res.tau_tilde
         self.log_marginal_likelihood_ = float(v)
         return self
+
+    def _class_hyp(self, h):
+        """Log-hyperparameters as the numba layer wants them: (C, p) for multi-class."""
+        if not self.multiclass_:
+            return h
+        return np.tile(h, (self.classes_.shape[0], 1)) if h.ndim == 1 else h
 
     def _check_fitted(self):
         if not hasattr(self, "log_hyp_"):
@@ -1438,12 +1949,25 @@ class GPClassifier:
         return X
 
     def predict_latent(self, X):
-        """Latent predictive mean (3.21) and variance (3.24) at the rows of X."""
+        """Latent predictive mean and variance at the rows of X.
+
+        Binary: mean (3.21 / 3.60) and variance (3.24 / 3.61), each (m,).
+        Multi-class: means (3.41), shape (m, C), and covariances (3.43), (m, C, C).
+        """
         _, f_bar, V = self._predict(X, "average")
+        if self.multiclass_:
+            return f_bar.T.copy(), V
         return f_bar, V
 
     def _predict(self, X, rule):
         X = self._X_test(X)
+        if self.multiclass_:
+            hyp = self._class_hyp(self.log_hyp_)
+            K_star = np.stack([kernel_matrix(self.kernel, self.X_train_, X, h) for h in hyp])
+            kss = np.stack([kernel_diag(self.kernel, X, h) for h in hyp])
+            return laplace_predict_multiclass(self.K_, self.y_train_, self.result_.f_hat, K_star,
+                                              kss, self.n_samples, self.random_state,
+                                              self.result_.E, self.result_.M)
         K_star = kernel_matrix(self.kernel, self.X_train_, X, self.log_hyp_)
         kss = kernel_diag(self.kernel, X, self.log_hyp_)
         if self.method == "ep":
@@ -1457,11 +1981,19 @@ class GPClassifier:
                                K_star, kss, rule, self.result_.L)
 
     def predict_proba(self, X, rule="average"):
-        """Class probabilities, shape (m, 2), columns in the order of classes_.
+        """Class probabilities, shape (m, C), columns in the order of classes_.
 
-        rule : 'average' (3.25, default), 'map' or 'mackay' (section 3.4.2).
+        Binary, rule: 'average' (3.25, default), 'map' or 'mackay' (section
+        3.4.2). Multi-class: Monte Carlo averages of the softmax (Algorithm
+        3.4) with n_samples samples, seeded by random_state.
         """
         _check_choice(rule, "rule", ("average", "map", "mackay"))
+        self._check_fitted()
+        if self.multiclass_:
+            if rule != "average":
+                raise ValueError("rule must be 'average' for a multi-class model")
+            p, _, _ = self._predict(X, rule)
+            return p.T.copy()
         if rule == "mackay" and self.likelihood != "logistic":
             raise ValueError("rule 'mackay' is for the logistic likelihood")
         p, _, _ = self._predict(X, rule)
@@ -1469,6 +2001,9 @@ class GPClassifier:
 
     def predict(self, X):
         """Most probable class of each row of X (the same for all rules, section 3.4.2)."""
+        self._check_fitted()
+        if self.multiclass_:
+            return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
         f_bar, _ = self.predict_latent(X)
         return self.classes_[(f_bar > 0).astype(int)]
 
@@ -1483,10 +2018,17 @@ class GPClassifier:
     def log_marginal_likelihood(self, log_hyp=None, eval_gradient=False):
         """Approximate log evidence at log_hyp (default: the fitted one), with its gradient."""
         self._check_fitted()
-        h = self.log_hyp_ if log_hyp is None else _check_log_hyp(
-            log_hyp, self.kernel, self.X_train_.shape[1])
-        v, g, _, _ = evidence(self.X_train_, self.y_train_, h, self.kernel, self.likelihood,
-                              self.method, None, eval_gradient)
+        d = self.X_train_.shape[1]
+        if log_hyp is None:
+            h = self.log_hyp_
+        elif self.log_hyp_.ndim == 2:
+            h = np.stack([_check_log_hyp(r, self.kernel, d) for r in np.asarray(log_hyp, dtype=float)])
+        else:
+            h = _check_log_hyp(log_hyp, self.kernel, d)
+        v, g, _, _ = evidence(self.X_train_, self.y_train_, self._class_hyp(h), self.kernel,
+                              self.likelihood, self.method, None, eval_gradient)
+        if eval_gradient and self.multiclass_ and h.ndim == 1:
+            g = g.sum(axis=0)  # shared hyperparameters: sum of the per-class gradients
         return (v, g) if eval_gradient else v
 
 

@@ -123,3 +123,67 @@ def ep_predict(K, nu, tau, K_star, kss):
     mean = K_star.T @ np.linalg.solve(KS, nu / tau)
     var = kss - np.einsum("ij,ij->j", K_star, np.linalg.solve(KS, K_star))
     return mean, var
+
+
+def multiclass_blocks(K_blocks):
+    """The Cn x Cn block-diagonal prior covariance from its C blocks."""
+    from scipy.linalg import block_diag
+
+    return block_diag(*K_blocks)
+
+
+def multiclass_W(pi):
+    """W = diag(pi) - Pi Pi^T (3.38), Cn x Cn, class-major, pi of shape (C, n)."""
+    C, n = pi.shape
+    p = pi.ravel()
+    Pi = np.vstack([np.diag(pi[c]) for c in range(C)])        # Cn x n
+    return np.diag(p) - Pi @ Pi.T
+
+
+def multiclass_mode(K_blocks, y, iters=100):
+    """Newton (3.39) with (K^-1 + W)^-1 formed explicitly."""
+    from scipy.special import softmax
+
+    C, n = y.shape
+    K = multiclass_blocks(K_blocks)
+    Ki = np.linalg.inv(K)
+    f = np.zeros(C * n)
+    for _ in range(iters):
+        pi = softmax(f.reshape(C, n), axis=0)
+        W = multiclass_W(pi)
+        f_new = np.linalg.inv(Ki + W) @ (W @ f + y.ravel() - pi.ravel())
+        done = np.max(np.abs(f_new - f)) < 1e-13
+        f = f_new
+        if done:
+            break
+    return f.reshape(C, n)
+
+
+def multiclass_log_q(K_blocks, y, f):
+    """(3.44) with f^T K^-1 f by inversion and log|I + W^1/2 K W^1/2| = log|I + K W|."""
+    from scipy.special import logsumexp, softmax
+
+    C, n = y.shape
+    K = multiclass_blocks(K_blocks)
+    fv = f.ravel()
+    W = multiclass_W(softmax(f, axis=0))
+    logdet = np.linalg.slogdet(np.eye(C * n) + K @ W)[1]
+    return (-0.5 * fv @ np.linalg.solve(K, fv) + y.ravel() @ fv
+            - logsumexp(f, axis=0).sum() - 0.5 * logdet)
+
+
+def multiclass_predict(K_blocks, y, f, K_star_blocks, kss):
+    """Mean (3.41) and covariance (3.43, first line) with explicit inverses; one test case."""
+    from scipy.special import softmax
+
+    C, n = y.shape
+    K = multiclass_blocks(K_blocks)
+    Ki = np.linalg.inv(K)
+    W = multiclass_W(softmax(f, axis=0))
+    Q = np.zeros((C * n, C))
+    for c in range(C):
+        Q[c * n:(c + 1) * n, c] = K_star_blocks[c]
+    mean = Q.T @ Ki @ f.ravel()
+    Sig = np.diag([kss[c] - K_star_blocks[c] @ np.linalg.solve(K_blocks[c], K_star_blocks[c]) for c in range(C)])
+    cov = Sig + Q.T @ Ki @ np.linalg.inv(Ki + W) @ Ki @ Q
+    return mean, cov

@@ -116,8 +116,7 @@ def test_three_gaussians_generator():
 # --- bad input: a clear ValueError naming the argument ---------------------------
 
 @pytest.mark.parametrize("X,y,match", [
-    (np.zeros((4, 2)), np.array([1, 1, 1, 1]), "exactly two classes"),
-    (np.zeros((4, 2)), np.array([0, 1, 2, 1]), "exactly two classes"),
+    (np.zeros((4, 2)), np.array([1, 1, 1, 1]), "at least two classes"),
     (np.array([[0.0, np.nan], [1, 1], [2, 2]]), np.array([0, 1, 0]), "X must be finite"),
     (np.array([[0.0, np.inf], [1, 1], [2, 2]]), np.array([0, 1, 0]), "X must be finite"),
     (np.zeros((3, 2)), np.array([0.0, np.nan, 1.0]), "y must be finite"),
@@ -179,3 +178,14 @@ def test_information_bits_rejects_bad_input():
         gpclab.information_bits(np.array([1.5]), np.array([1]), np.array([1, -1]))
     with pytest.raises(ValueError, match="y_test must contain only"):
         gpclab.information_bits(np.array([0.5]), np.array([0]), np.array([1, -1]))
+
+
+def test_multiclass_needs_laplace_and_softmax():
+    X, _ = small_problem(0)
+    y = np.arange(len(X)) % 3
+    with pytest.raises(ValueError, match="3 classes: the multi-class model is the softmax"):
+        gpclab.GPClassifier(method="ep", likelihood="probit").fit(X, y)
+    with pytest.raises(ValueError, match="3 classes"):
+        gpclab.GPClassifier(likelihood="probit").fit(X, y)
+    with pytest.raises(ValueError, match="n_samples"):
+        gpclab.GPClassifier(n_samples=0).fit(X, y)

@@ -1,0 +1,175 @@
+"""Section 3.5: multi-class Laplace (Algorithms 3.3, 3.4) and its gradient."""
+import numpy as np
+import pytest
+
+import gpclab
+import naive
+
+
+def _problem(seed, C, n=10, d=2, jitter=0.1, per_class=True):
+    r = np.random.default_rng(seed)
+    X = r.standard_normal((n, d))
+    labels = np.argmax(X @ r.standard_normal((d, C)) + 0.5 * r.standard_normal((n, C)), axis=1)
+    y = np.zeros((C, n))
+    y[labels, np.arange(n)] = 1.0
+    h = np.column_stack([r.uniform(-0.5, 0.5, C), r.uniform(0.0, 1.0, C)]) if per_class else np.tile([0.0, 0.5], (C, 1))
+    K = np.stack([gpclab.kernel_matrix("se", X, X, h[c]) + jitter * np.eye(n) for c in range(C)])
+    return X, y, h, K
+
+
+@pytest.mark.parametrize("C", [3, 6])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_mode_and_log_q_equal_naive_dense(C, seed):
+    """Against Cn x Cn matrices built explicitly (3.38, 3.39, 3.44): f_hat and log q to 1e-8."""
+    X, y, h, K = _problem(seed, C)
+    res = gpclab.laplace_mode_multiclass(K, y)
+    assert res.converged
+    f_ref = naive.multiclass_mode(K, y)
+    np.testing.assert_allclose(res.f_hat, f_ref, rtol=1e-8, atol=1e-10)
+    assert res.log_q == pytest.approx(naive.multiclass_log_q(K, y, f_ref), rel=1e-8, abs=1e-10)
+
+
+def test_mode_satisfies_f_equals_K_times_y_minus_pi():
+    """At the mode f_hat^c = K_c (y^c - pi^c) (3.36, 3.41)."""
+    X, y, h, K = _problem(2, 4, n=40, jitter=0.0)
+    res = gpclab.laplace_mode_multiclass(K, y)
+    pi = gpclab.softmax(res.f_hat)
+    for c in range(4):
+        np.testing.assert_allclose(res.f_hat[c], K[c] @ (y[c] - pi[c]), rtol=1e-7, atol=1e-9)
+
+
+def test_W_is_positive_semidefinite_with_ones_in_its_null_space():
+    """Exercise 3.10.2: W = diag(pi) - Pi Pi^T is PSD, not PD: the ones vector of each case is a null vector."""
+    r = np.random.default_rng(3)
+    C, n = 5, 4
+    pi = gpclab.softmax(r.standard_normal((C, n)) * 2)
+    W = naive.multiclass_W(pi)
+    assert np.linalg.eigvalsh(W).min() > -1e-14
+    for i in range(n):
+        ones_i = np.zeros((C, n))
+        ones_i[:, i] = 1.0
+        np.testing.assert_allclose(W @ ones_i.ravel(), 0.0, atol=1e-15)
+    assert np.sum(np.linalg.eigvalsh(W) < 1e-12) == n  # exactly one zero eigenvalue per case
+
+
+@pytest.mark.parametrize("C", [3, 5])
+def test_predictive_mean_and_covariance_equal_naive_dense(C):
+    X, y, h, K = _problem(4, C)
+    res = gpclab.laplace_mode_multiclass(K, y)
+    Xs = np.random.default_rng(9).standard_normal((3, 2))
+    K_star = np.stack([gpclab.kernel_matrix("se", X, Xs, h[c]) for c in range(C)])
+    kss = np.stack([gpclab.kernel_diag("se", Xs, h[c]) + 0.1 for c in range(C)])  # same jitter as K: x_* has its own noise-free value
+    _, mu, Sig = gpclab.laplace_predict_multiclass(K, y, res.f_hat, K_star, kss, 10)
+    _, mu2, Sig2 = gpclab.laplace_predict_multiclass(K, y, res.f_hat, K_star, kss, 10, 0, res.E, res.M)
+    for j in range(3):
+        m_ref, c_ref = naive.multiclass_predict(K, y, res.f_hat, K_star[:, :, j], kss[:, j])
+        np.testing.assert_allclose(mu[:, j], m_ref, rtol=1e-8, atol=1e-10)
+        np.testing.assert_allclose(Sig[j], c_ref, rtol=1e-8, atol=1e-10)
+        np.testing.assert_allclose(Sig2[j], Sig[j], rtol=1e-12, atol=1e-14)
+
+
+def test_monte_carlo_predictions_are_reproducible_and_converge_for_two_classes():
+    """For C = 2 the softmax average is E[lambda(f1 - f2)]: a 1-D integral (quadrature)."""
+    X, y, h, K = _problem(5, 2, n=15)
+    res = gpclab.laplace_mode_multiclass(K, y)
+    Xs = np.random.default_rng(2).standard_normal((4, 2))
+    K_star = np.stack([gpclab.kernel_matrix("se", X, Xs, h[c]) for c in range(2)])
+    kss = np.stack([gpclab.kernel_diag("se", Xs, h[c]) for c in range(2)])
+    p1, mu, Sig = gpclab.laplace_predict_multiclass(K, y, res.f_hat, K_star, kss, 200_000, 11)
+    p2, _, _ = gpclab.laplace_predict_multiclass(K, y, res.f_hat, K_star, kss, 200_000, 11)
+    np.testing.assert_array_equal(p1, p2)
+    p3, _, _ = gpclab.laplace_predict_multiclass(K, y, res.f_hat, K_star, kss, 200_000, 12)
+    assert not np.array_equal(p1, p3)
+    for j in range(4):
+        m = mu[0, j] - mu[1, j]
+        v = Sig[j, 0, 0] + Sig[j, 1, 1] - 2 * Sig[j, 0, 1]
+        ref = gpclab.logistic_gaussian_integral(m, v)
+        se = np.sqrt(ref * (1 - ref) / 200_000)
+        assert abs(p1[0, j] - ref) < 5 * se + 1e-12
+    np.testing.assert_allclose(p1.sum(axis=0), 1.0)
+
+
+@pytest.mark.parametrize("kernel", ["se", "ard"])
+def test_gradient_equals_finite_differences(kernel):
+    X, y, h, K = _problem(6, 3, n=20, d=2, jitter=0.0)
+    if kernel == "ard":
+        h = np.array([[0.5, -1.0, 0.3, -0.2], [0.2, -2.0, -0.1, 0.4], [0.8, -1.5, 0.0, 0.0]])
+    K = np.stack([gpclab.kernel_matrix(kernel, X, X, h[c]) for c in range(3)])
+    res = gpclab.laplace_mode_multiclass(K, y, None, 1e-15, 200)
+    grad = gpclab.laplace_log_q_grad_multiclass(K, X, kernel, h, y, res.f_hat, res.a, res.E, res.M)
+
+    def log_q(hh):
+        KK = np.stack([gpclab.kernel_matrix(kernel, X, X, hh[c]) for c in range(3)])
+        return gpclab.laplace_mode_multiclass(KK, y, None, 1e-15, 200).log_q
+
+    fd = np.zeros_like(h)
+    for idx in np.ndindex(h.shape):
+        e = np.zeros_like(h)
+        e[idx] = 1e-5
+        fd[idx] = (log_q(h + e) - log_q(h - e)) / 2e-5
+    np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-7)
+
+
+def test_bad_input_raises():
+    K = np.stack([np.eye(3)] * 2)
+    with pytest.raises(ValueError, match="one-hot"):
+        gpclab.laplace_mode_multiclass(K, np.array([[1.0, 0, 1], [0, 1, 1]]))
+    with pytest.raises(ValueError, match="one-hot"):
+        gpclab.laplace_mode_multiclass(K, np.array([[0.5, 0, 1], [0.5, 1, 0]]))
+    with pytest.raises(ValueError, match="shape \\(C, n, n\\)"):
+        gpclab.laplace_mode_multiclass(np.stack([np.eye(4)] * 2), np.array([[1.0, 0, 1], [0, 1, 0]]))
+    y = np.array([[1.0, 0, 1], [0, 1, 0]])
+    res = gpclab.laplace_mode_multiclass(K, y)
+    with pytest.raises(ValueError, match="S must be"):
+        gpclab.laplace_predict_multiclass(K, y, res.f_hat, np.zeros((2, 3, 1)), np.ones((2, 1)), 0)
+
+
+def _three_blobs(seed, n_per=15):
+    r = np.random.default_rng(seed)
+    centres = np.array([[0.0, 2.0], [-2.0, -1.0], [2.0, -1.0]])
+    X = np.vstack([c + 0.9 * r.standard_normal((n_per, 2)) for c in centres])
+    labels = np.repeat(np.array(["a", "b", "c"]), n_per)
+    return X, labels
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_classifier_multiclass_ml2(shared):
+    """GPClassifier with three classes of any label type: ML-II by the analytic gradient."""
+    X, labels = _three_blobs(0)
+    m = gpclab.GPClassifier(shared_hyp=shared, n_samples=500).fit(X, labels)
+    assert m.multiclass_ and list(m.classes_) == ["a", "b", "c"]
+    assert m.log_hyp_.shape == ((2,) if shared else (3, 2))
+    v, g = m.log_marginal_likelihood(eval_gradient=True)
+    assert v == pytest.approx(m.log_marginal_likelihood_)
+    assert g.shape == m.log_hyp_.shape and np.max(np.abs(g)) < 1e-3
+    for k in range(m.log_hyp_.size):
+        step = np.zeros(m.log_hyp_.size)
+        step[k] = 0.05
+        for sgn in (1, -1):
+            # <=, not <: a class whose signal variance goes to its bound leaves its length-scale flat
+            assert m.log_marginal_likelihood(m.log_hyp_ + sgn * step.reshape(m.log_hyp_.shape)) <= v + 1e-8
+    P = m.predict_proba(X)
+    assert P.shape == (45, 3)
+    np.testing.assert_allclose(P.sum(axis=1), 1.0)
+    np.testing.assert_array_equal(P, m.predict_proba(X))  # seeded Monte Carlo
+    assert m.score(X, labels) > 0.9
+    mean, cov = m.predict_latent(X[:4])
+    assert mean.shape == (4, 3) and cov.shape == (4, 3, 3)
+    with pytest.raises(ValueError, match="rule must be 'average'"):
+        m.predict_proba(X, rule="map")
+
+
+def test_classifier_multiclass_matches_the_numba_layer():
+    X, labels = _three_blobs(1)
+    h = np.array([0.3, 1.0])
+    m = gpclab.GPClassifier(log_hyp=h, optimize=False, n_samples=300, random_state=4).fit(X, labels)
+    idx = np.searchsorted(m.classes_, labels)
+    Y = gpclab.one_hot(idx, 3)
+    K = np.stack([gpclab.kernel_matrix("se", X, X, h)] * 3)
+    res = gpclab.laplace_mode_multiclass(K, Y)
+    assert m.log_marginal_likelihood_ == pytest.approx(res.log_q, rel=1e-12)
+    Xs = X[:5]
+    Ks = np.stack([gpclab.kernel_matrix("se", X, Xs, h)] * 3)
+    kss = np.stack([gpclab.kernel_diag("se", Xs, h)] * 3)
+    p, _, _ = gpclab.laplace_predict_multiclass(K, Y, res.f_hat, Ks, kss, 300, 4)
+    np.testing.assert_allclose(m.predict_proba(Xs), p.T, rtol=1e-12)
