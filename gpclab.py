@@ -1746,14 +1746,16 @@ def evidence(X, y, log_hyp, kernel="se", likelihood="logistic", method="laplace"
 
 
 def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_iter=200,
-        method="laplace"):
+        method="laplace", hyp_prior=None):
     """ML-II: maximise the approximate log evidence over log_hyp by L-BFGS-B.
 
     Uses the analytic gradient (K&R 42-47 for Laplace, K&R 51 for EP); each
     evaluation warm-starts from the previous mode or sites. For multi-class y
     (one-hot, shape (C, n)) log_hyp0 is either (p,), shared by all classes,
     or (C, p), one set per class; bounds are given for one set of p.
-    Returns (log_hyp, log evidence, scipy OptimizeResult).
+    hyp_prior = (mean, sd) adds an independent Gaussian prior on every
+    log-hyperparameter: maximum penalised likelihood (Williams & Barber use
+    N(-3, 3^2)). Returns (log_hyp, log evidence (plus log prior), result).
     """
     from scipy.optimize import minimize
 
@@ -1780,7 +1782,12 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
         v, g, _, state["warm"] = evidence(X, y, unpack(x), kernel, likelihood, method, state["warm"])
         if not np.isfinite(v):
             return np.inf, np.zeros_like(x)
-        return -v, -pack_grad(g)
+        g = pack_grad(g)
+        if hyp_prior is not None:
+            m, sd = hyp_prior
+            v = v - 0.5 * np.sum(((x - m) / sd) ** 2) - x.size * np.log(sd * np.sqrt(2 * np.pi))
+            g = g - (x - m) / sd ** 2
+        return -v, -g
 
     x0 = np.ravel(log_hyp0)
     if multi and len(shape) == 2:
@@ -1827,6 +1834,11 @@ class GPClassifier:
         functions (default) or one per class (as Williams & Barber).
     n_samples : int
         Multi-class only: Monte Carlo samples per test case (Algorithm 3.4).
+    hyp_prior : (mean, sd), optional
+        Gaussian prior on every log-hyperparameter: ML-II becomes maximum
+        penalised likelihood (Williams & Barber: (-3, 3)).
+    max_iter : int
+        Iterations of the ML-II optimiser.
 
     Attributes (after fit)
     ----------------------
@@ -1842,7 +1854,7 @@ class GPClassifier:
 
     def __init__(self, kernel="se", likelihood="logistic", method="laplace", log_hyp=None,
                  optimize=True, bounds=None, n_restarts=0, random_state=0, shared_hyp=True,
-                 n_samples=2000):
+                 n_samples=2000, hyp_prior=None, max_iter=200):
         self.kernel = kernel
         self.likelihood = likelihood
         self.method = method
@@ -1853,6 +1865,8 @@ class GPClassifier:
         self.random_state = random_state
         self.shared_hyp = shared_hyp
         self.n_samples = n_samples
+        self.hyp_prior = hyp_prior
+        self.max_iter = max_iter
 
     def _check_params(self):
         _check_choice(self.kernel, "kernel", _KERNELS)
@@ -1863,6 +1877,8 @@ class GPClassifier:
                              f"are for the cumulative Gaussian), got likelihood={self.likelihood!r}")
         if not isinstance(self.n_restarts, (int, np.integer)) or self.n_restarts < 0:
             raise ValueError(f"n_restarts must be a non-negative integer, got {self.n_restarts!r}")
+        if self.hyp_prior is not None and (len(self.hyp_prior) != 2 or not self.hyp_prior[1] > 0):
+            raise ValueError(f"hyp_prior must be (mean, sd) with sd > 0, got {self.hyp_prior!r}")
         if not isinstance(self.n_samples, (int, np.integer)) or self.n_samples < 1:
             raise ValueError(f"n_samples must be a positive integer, got {self.n_samples!r}")
 
@@ -1899,13 +1915,13 @@ class GPClassifier:
         if self.optimize:
             bounds = self.bounds if self.bounds is not None else default_bounds(self.kernel, d)
             best_h, best_lq, _ = ml2(X, y_pm, h0, self.kernel, self.likelihood, bounds,
-                                     method=self.method)
+                                     self.max_iter, self.method, self.hyp_prior)
             rng = np.random.default_rng(self.random_state)
             for _ in range(self.n_restarts):
                 start = np.array([rng.uniform(lo, hi) for lo, hi in bounds])
                 start = np.broadcast_to(start, h0.shape).copy() if h0.ndim == 2 else start
                 h, lq, _ = ml2(X, y_pm, start, self.kernel, self.likelihood, bounds,
-                               method=self.method)
+                               self.max_iter, self.method, self.hyp_prior)
                 if lq > best_lq:
                     best_h, best_lq = h, lq
             h0 = best_h
@@ -2117,6 +2133,35 @@ def information_bits(p_star, y_test, y_train):
     return float(np.mean(ll) + base)
 
 
+def information_bits_multiclass(P, y_test, y_train):
+    """Average information about the test targets in bits, C classes (K&R 34, GPML 3.76).
+
+    P : (m, C) predicted class probabilities; y_test, y_train : class indices
+    0..C-1. Mean log2 P[i, y_test[i]] plus the bits of the base line that
+    predicts the training class frequencies (3.76). log2 C is perfect,
+    confident classification for balanced classes; 0 is no better than the
+    base line.
+    """
+    P = np.asarray(P, dtype=float)
+    yt = np.asarray(y_test)
+    ytr = np.asarray(y_train)
+    if P.ndim != 2 or P.shape[0] != yt.shape[0]:
+        raise ValueError(f"P must have shape (len(y_test), C), got {P.shape}")
+    C = P.shape[1]
+    for name, v in (("y_test", yt), ("y_train", ytr)):
+        if v.ndim != 1 or not np.issubdtype(v.dtype, np.integer) or v.min() < 0 or v.max() >= C:
+            raise ValueError(f"{name} must be class indices 0..{C - 1}")
+    if np.any((P < 0) | (P > 1)) or not np.all(np.isfinite(P)):
+        raise ValueError("P must be probabilities in [0, 1]")
+    with np.errstate(divide="ignore"):
+        ll = np.log2(P[np.arange(yt.shape[0]), yt])
+        q = np.bincount(ytr, minlength=C) / ytr.shape[0]
+        f = np.bincount(yt, minlength=C) / yt.shape[0]
+        base = -np.sum(np.where(f > 0, f * np.log2(np.where(q > 0, q, 1.0)), 0.0))
+        base = np.inf if np.any((f > 0) & (q == 0)) else base
+    return float(np.mean(ll) + base)
+
+
 def _progress(iterable, total, progress, desc):
     if not progress:
         return iterable
@@ -2125,14 +2170,18 @@ def _progress(iterable, total, progress, desc):
 
 
 def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", method="laplace",
-                  X_test=None, y_test=None, progress=True):
+                  X_test=None, y_test=None, progress=True, n_samples=1000, seed=0):
     """Approximate log evidence on a grid of (log l, log sf), for contour figures.
 
-    method 'laplace' gives log q (3.32), 'ep' log Z_EP (3.65). Returns a dict of arrays of shape (len(log_sf), len(log_ell)):
-    'log_q' always; with X_test and y_test also 'information' (bits,
-    information_bits) and 'error' (test error rate). Rows run over log_sf,
-    columns over log_ell, as plt.contour(log_ell, log_sf, Z) expects.
-    Newton's method (or EP) warm-starts from the neighbouring grid point.
+    method 'laplace' gives log q (3.32), 'ep' log Z_EP (3.65); with more
+    than two classes in y, the multi-class Laplace log q (3.44), the same
+    (l, sf) for every class (GPML Figure 3.11). Returns a dict of arrays of
+    shape (len(log_sf), len(log_ell)): 'log_q' always; with X_test and
+    y_test also 'information' (bits: information_bits, or
+    information_bits_multiclass with n_samples Monte Carlo samples seeded
+    by seed) and 'error' (test error rate). Rows run over log_sf, columns
+    over log_ell, as plt.contour(log_ell, log_sf, Z) expects. Newton's
+    method (or EP) warm-starts from the neighbouring grid point.
     """
     _check_choice(kernel, "kernel", ("se",))
     _check_choice(likelihood, "likelihood", _LIKELIHOODS)
@@ -2140,8 +2189,14 @@ def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", met
     if method == "ep" and likelihood != "probit":
         raise ValueError(f"method 'ep' needs likelihood 'probit', got likelihood={likelihood!r}")
     X = _as_2d_float(X, "X")
-    y_pm, classes = binary_labels(y, "y")
-    if y_pm.shape[0] != X.shape[0]:
+    idx, classes = class_labels(y, "y")
+    C = classes.shape[0]
+    multi = C > 2
+    if multi and (method != "laplace" or likelihood != "logistic"):
+        raise ValueError(f"y has {C} classes: the multi-class grid is for method='laplace', "
+                         "likelihood='logistic' (softmax)")
+    y_pm = one_hot(idx, C) if multi else np.where(idx == 1, 1.0, -1.0)
+    if idx.shape[0] != X.shape[0]:
         raise ValueError(f"X and y must have the same number of samples, got {X.shape[0]} and {y_pm.shape[0]}")
     log_ell = np.atleast_1d(np.asarray(log_ell, dtype=float))
     log_sf = np.atleast_1d(np.asarray(log_sf, dtype=float))
@@ -2161,7 +2216,8 @@ def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", met
         unknown = ~np.isin(y_test, classes)
         if unknown.any():
             raise ValueError(f"y_test has a label not seen in y: {y_test[unknown][0]!r}")
-        yt_pm = np.where(y_test == classes[1], 1.0, -1.0)
+        yt_idx = np.searchsorted(classes, y_test)
+        yt_pm = np.where(yt_idx == 1, 1.0, -1.0)
     shape = (log_sf.size, log_ell.size)
     out = {"log_q": np.empty(shape)}
     if with_test:
@@ -2173,10 +2229,20 @@ def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", met
         if j == 0:
             warm = None
         h = np.array([log_ell[j], log_sf[i]])
-        v, _, res, warm = evidence(X, y_pm, h, kernel, likelihood, method, warm, False)
+        hh = np.tile(h, (C, 1)) if multi else h
+        v, _, res, warm = evidence(X, y_pm, hh, kernel, likelihood, method, warm, False)
         _warn_not_converged(res, "evidence_grid")
         out["log_q"][i, j] = v
-        if with_test:
+        if with_test and multi:
+            Kc = kernel_matrix(kernel, X, X, h)
+            Ks = kernel_matrix(kernel, X, X_test, h)
+            kss = kernel_diag(kernel, X_test, h)
+            P, _, _ = laplace_predict_multiclass(
+                np.stack([Kc] * C), y_pm, res.f_hat, np.stack([Ks] * C), np.stack([kss] * C),
+                n_samples, seed, res.E, res.M)
+            out["information"][i, j] = information_bits_multiclass(P.T, yt_idx, idx)
+            out["error"][i, j] = np.mean(np.argmax(P, axis=0) != yt_idx)
+        elif with_test:
             K = kernel_matrix(kernel, X, X, h)
             K_star = kernel_matrix(kernel, X, X_test, h)
             kss = kernel_diag(kernel, X_test, h)

@@ -173,3 +173,38 @@ def test_classifier_multiclass_matches_the_numba_layer():
     kss = np.stack([gpclab.kernel_diag("se", Xs, h)] * 3)
     p, _, _ = gpclab.laplace_predict_multiclass(K, Y, res.f_hat, Ks, kss, 300, 4)
     np.testing.assert_allclose(m.predict_proba(Xs), p.T, rtol=1e-12)
+
+
+def test_information_bits_multiclass_by_hand():
+    P = np.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]])
+    yt = np.array([0, 2])
+    ytr = np.array([0, 0, 1, 2])
+    base = -(0.5 * np.log2(0.5) + 0.5 * np.log2(0.25))   # (3.76) with C classes
+    expect = 0.5 * (np.log2(0.7) + np.log2(0.8)) + base
+    assert gpclab.information_bits_multiclass(P, yt, ytr) == pytest.approx(expect, rel=1e-14)
+    with pytest.raises(ValueError, match="class indices"):
+        gpclab.information_bits_multiclass(P, np.array([0, 3]), ytr)
+
+
+def test_multiclass_grid_matches_the_classifier():
+    X, labels = _three_blobs(2)
+    Xt, lt = _three_blobs(3)
+    out = gpclab.evidence_grid(X, labels, [0.0, 0.5], [1.0], X_test=Xt, y_test=lt, progress=False,
+                               n_samples=400, seed=5)
+    for j, le in enumerate([0.0, 0.5]):
+        m = gpclab.GPClassifier(log_hyp=[le, 1.0], optimize=False, n_samples=400, random_state=5).fit(X, labels)
+        assert out["log_q"][0, j] == pytest.approx(m.log_marginal_likelihood_, abs=1e-8)
+        P = m.predict_proba(Xt)
+        idx_t = np.searchsorted(m.classes_, lt)
+        idx = np.searchsorted(m.classes_, labels)
+        assert out["information"][0, j] == pytest.approx(gpclab.information_bits_multiclass(P, idx_t, idx), abs=1e-9)
+        assert out["error"][0, j] == pytest.approx(np.mean(m.predict(Xt) != lt))
+
+
+def test_penalised_ml2_moves_towards_the_prior():
+    X, labels = _three_blobs(0)
+    free = gpclab.GPClassifier(n_samples=100).fit(X, labels)
+    pen = gpclab.GPClassifier(n_samples=100, hyp_prior=(-3.0, 0.3)).fit(X, labels)
+    assert np.all(np.abs(pen.log_hyp_ + 3.0) < np.abs(free.log_hyp_ + 3.0))
+    with pytest.raises(ValueError, match="hyp_prior"):
+        gpclab.GPClassifier(hyp_prior=(0.0, -1.0)).fit(X, labels)
