@@ -2256,6 +2256,40 @@ def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", met
     return out
 
 
+# --- data read from a path the user gives ---------------------------------------
+
+
+def load_usps(path, digits=None):
+    """GPML's USPS set (usps_resampled.mat: 4649 + 4649 16x16 images, values in [-1, 1]).
+
+    The file is not shipped with gpclab; give the path to your copy. Returns
+    X_train (n, 256), y_train (n,) digit labels 0-9, X_test, y_test. With
+    digits, e.g. (3, 5), only those classes are kept (GPML section 3.7.3).
+    """
+    from scipy.io import loadmat
+
+    try:
+        data = loadmat(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"path must be a readable usps_resampled.mat file: {e}") from None
+    keys = ("train_patterns", "train_labels", "test_patterns", "test_labels")
+    missing = [k for k in keys if k not in data]
+    if missing:
+        raise ValueError(f"path {path!r} has no {', '.join(missing)}: not usps_resampled.mat")
+    out = []
+    for part in ("train", "test"):
+        X = np.asarray(data[f"{part}_patterns"], dtype=float).T
+        Y = np.asarray(data[f"{part}_labels"])
+        if Y.shape[0] != 10 or Y.shape[1] != X.shape[0]:
+            raise ValueError(f"{part}_labels must be 10 x n (+1 for the class, -1 elsewhere)")
+        y = np.argmax(Y, axis=0)
+        if digits is not None:
+            keep = np.isin(y, digits)
+            X, y = X[keep], y[keep]
+        out += [X, y]
+    return tuple(out)
+
+
 # --- toy data of the book ----------------------------------------------------
 
 

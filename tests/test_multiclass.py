@@ -208,3 +208,30 @@ def test_penalised_ml2_moves_towards_the_prior():
     assert np.all(np.abs(pen.log_hyp_ + 3.0) < np.abs(free.log_hyp_ + 3.0))
     with pytest.raises(ValueError, match="hyp_prior"):
         gpclab.GPClassifier(hyp_prior=(0.0, -1.0)).fit(X, labels)
+
+
+def test_load_usps_reads_the_mat_format(tmp_path):
+    """A tiny file in the layout of GPML's usps_resampled.mat: patterns 256 x n, labels 10 x n in {-1, +1}."""
+    from scipy.io import savemat
+
+    r = np.random.default_rng(0)
+    mats = {}
+    for part, n in (("train", 7), ("test", 5)):
+        labels = r.integers(0, 10, n)
+        L = -np.ones((10, n))
+        L[labels, np.arange(n)] = 1
+        mats[f"{part}_patterns"] = r.uniform(-1, 1, (256, n))
+        mats[f"{part}_labels"] = L
+        mats[f"_{part}"] = labels
+    savemat(tmp_path / "usps.mat", {k: v for k, v in mats.items() if not k.startswith("_")})
+    Xtr, ytr, Xte, yte = gpclab.load_usps(str(tmp_path / "usps.mat"))
+    np.testing.assert_array_equal(ytr, mats["_train"])
+    np.testing.assert_array_equal(Xte, mats["test_patterns"].T)
+    keep = np.isin(mats["_train"], [3, 5])
+    X35, y35, _, _ = gpclab.load_usps(str(tmp_path / "usps.mat"), digits=(3, 5))
+    np.testing.assert_array_equal(y35, mats["_train"][keep])
+    savemat(tmp_path / "bad.mat", {"x": np.ones(3)})
+    with pytest.raises(ValueError, match="not usps_resampled.mat"):
+        gpclab.load_usps(str(tmp_path / "bad.mat"))
+    with pytest.raises(ValueError, match="path must be a readable"):
+        gpclab.load_usps(str(tmp_path / "missing.mat"))
