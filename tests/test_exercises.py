@@ -64,7 +64,7 @@ def _grades(course, assignment, student):
 
 
 def test_course_has_assignments():
-    assert {"ex3_10_1", "ex3_10_4", "ex3_10_5"} <= set(ASSIGNMENTS)
+    assert {"ex3_10_1", "ex3_10_2", "ex3_10_3", "ex3_10_4", "ex3_10_5"} <= set(ASSIGNMENTS)
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
