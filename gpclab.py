@@ -1093,10 +1093,12 @@ def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0,
     np.random.seed(seed)
     pi_bar_star = np.zeros((C, m))                            # line 17: pi_* := 0
     fs = np.empty(C)
+    z = np.empty(C)
     for j in range(m):
         Lj = _cholesky_psd(Sigma_star[j])
         for s in range(S):                                    # line 18: for i := 1..S
-            z = np.random.standard_normal(C)
+            for c in range(C):
+                z[c] = np.random.standard_normal()
             for c in range(C):                                # line 19: f_* ~ N(mu_*, Sigma)
                 fs[c] = mu_star[c, j]
                 for k in range(c + 1):
