@@ -1532,12 +1532,13 @@ def ep_log_Z_grad(K, X, kernel, log_hyp, nu_tilde, tau_tilde, L):
 
 
 @njit(cache=True)
-def lower_bound(K, y, likelihood, m, A):
+def _lower_bound(K, y, likelihood, m, A):
     """Jensen lower bound on log p(y|X) for a Gaussian q(f) = N(m, A) (K&R eq. 35).
 
     sum_i E_N(f_i|m_i, A_ii)[log p(y_i|f_i)] - 1/2 m^T K^-1 m - 1/2 tr(K^-1 A)
     + 1/2 log|K^-1 A| + n/2 (35c); the one-dimensional expectations by a
-    64-point Gauss-Hermite rule. K and A must be positive definite.
+    64-point Gauss-Hermite rule. K and A must be positive definite; the
+    Python function lower_bound checks that and says which is not.
     """
     _check_K_y(K, y)
     n = y.shape[0]
@@ -2104,6 +2105,25 @@ def ep_evidence(X, y, log_hyp, kernel="se", sites=None, eval_gradient=True):
     if eval_gradient:
         grad = ep_log_Z_grad(K, X, kernel, log_hyp, res.nu_tilde, res.tau_tilde, res.L)
     return res.log_Z, grad, res
+
+
+def lower_bound(K, y, likelihood, m, A):
+    """Jensen lower bound on log p(y|X) for any Gaussian q(f) = N(m, A) (K&R eq. 35).
+
+    For example m, A = the EP posterior (mu, Sigma), or the Laplace mode and
+    (K^-1 + W)^-1. See _lower_bound for the formula. K and A must be
+    positive definite (add jitter to a nearly singular K).
+    """
+    try:
+        return _lower_bound(K, y, likelihood, m, A)
+    except np.linalg.LinAlgError:
+        for name, M in (("K", K), ("A", A)):
+            try:
+                np.linalg.cholesky(M)
+            except np.linalg.LinAlgError:
+                raise ValueError(f"{name} must be positive definite for the lower bound "
+                                 "(add a little jitter to its diagonal)") from None
+        raise
 
 
 def information_bits(p_star, y_test, y_train):

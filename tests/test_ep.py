@@ -202,6 +202,10 @@ def test_bad_input_raises():
         gpclab.ep(K, np.ones(3), np.zeros(3))
     with pytest.raises(ValueError, match="K must have shape"):
         gpclab.exact_log_evidence_probit(np.eye(2), np.ones(3))
+    with pytest.raises(ValueError, match="K must be positive definite"):
+        gpclab.lower_bound(np.ones((2, 2)), np.ones(2), "probit", np.zeros(2), np.eye(2))
+    with pytest.raises(ValueError, match="A must be positive definite"):
+        gpclab.lower_bound(np.eye(2), np.ones(2), "probit", np.zeros(2), -np.eye(2))
     with pytest.raises(ValueError, match="small problems"):
         gpclab.exact_log_evidence_probit(np.eye(30), np.ones(30))
 
