@@ -135,6 +135,15 @@ def sigmoid(z):
     return e / (1.0 + e)
 
 
+@njit(cache=True)
+def half_log_det(L):
+    """sum_i log L_ii = 1/2 log|L L^T| for a Cholesky factor L."""
+    s = 0.0
+    for i in range(L.shape[0]):
+        s += math.log(L[i, i])
+    return s
+
+
 @njit(cache=True, fastmath={"reassoc", "contract"})
 def solve_lower(L, b):
     """Solve L x = b for lower-triangular L (forward substitution, L \\ b)."""
@@ -651,10 +660,7 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
         a = a_t
         f = f_t
         n_iter += 1
-    log_det_half = 0.0
-    for i in range(n):
-        log_det_half += math.log(L[i, i])
-    log_q = psi - log_det_half                               # line 10: log q := -1/2 a^T f + log p(y|f) - sum log L_ii  (3.32)
+    log_q = psi - half_log_det(L)                            # line 10: log q := -1/2 a^T f + log p(y|f) - sum log L_ii  (3.32)
     return LaplaceMode(f, log_q, a, sW, L, n_iter, converged)  # line 11
 
 
@@ -888,8 +894,7 @@ def _multiclass_E_M(K, pi):
                 Ec[i, j] *= sD[i] * sD[j]
         E[c] = Ec
         E_sum += Ec
-        for i in range(n):                                    # line 8: z_c := sum_i log L_ii
-            z += math.log(L[i, i])
+        z += half_log_det(L)                                  # line 8: z_c := sum_i log L_ii
     M = np.linalg.cholesky(E_sum)                             # line 10: M := cholesky(sum_c E_c)
     return E, z, M
 
@@ -988,10 +993,7 @@ def laplace_mode_multiclass(K, y, a_init=None, tol=1e-10, max_iter=100):
         a = a_t
         f = f_t
         n_iter += 1
-    log_det_M = 0.0
-    for i in range(n):
-        log_det_M += math.log(M[i, i])
-    log_q = psi - z - log_det_M                               # line 16: log q := objective - sum_c z_c  (3.44), - log|M|
+    log_q = psi - z - half_log_det(M)                         # line 16: log q := objective - sum_c z_c  (3.44), - log|M|
     return MultiLaplaceMode(f, log_q, a, E, M, n_iter, converged)  # line 17
 
 
@@ -1558,9 +1560,7 @@ def _lower_bound(K, y, likelihood, m, A):
         expected += (_GH_W * lp).sum() / math.sqrt(math.pi)
     u = solve_lower(LK, m)                                    # m^T K^-1 m = |LK^-1 m|^2
     C = solve_lower_matrix(LK, LA)                            # tr(K^-1 A) = |LK^-1 LA|_F^2
-    log_det = 0.0
-    for i in range(n):
-        log_det += math.log(LA[i, i]) - math.log(LK[i, i])
+    log_det = half_log_det(LA) - half_log_det(LK)             # 1/2 log|K^-1 A|
     return expected - 0.5 * (u @ u) - 0.5 * (C * C).sum() + log_det + 0.5 * n
 
 
