@@ -47,7 +47,7 @@ from collections import namedtuple
 
 import llvmlite.binding as _llvm
 import numpy as np
-from numba import njit, types
+from numba import njit, prange, types
 from numba.extending import get_cython_function_address
 
 __version__ = "0.1.0"
@@ -1562,6 +1562,304 @@ def _lower_bound(K, y, likelihood, m, A):
     C = solve_lower_matrix(LK, LA)                            # tr(K^-1 A) = |LK^-1 LA|_F^2
     log_det = half_log_det(LA) - half_log_det(LK)             # 1/2 log|K^-1 A|
     return expected - 0.5 * (u @ u) - 0.5 * (C * C).sum() + log_det + 0.5 * n
+
+
+# ============================================================================
+# 7. MCMC (Kuss & Rasmussen section 6): HMC, annealed importance sampling,
+#    truncated Gaussians
+# ============================================================================
+#
+# HMC runs on whitened latents g = L^-1 f with K = L L^T (K&R 6.1), where the
+# prior is N(0, I); the tempered target of AIS is p(y|f)^tau N(f|0, K) (K&R 28).
+
+
+@njit(cache=True, fastmath={"reassoc", "contract"})
+def _lower_matvec(L, g, out):
+    """out := L g for lower-triangular L (row dot products)."""
+    n = g.shape[0]
+    for i in range(n):
+        s = 0.0
+        for k in range(i + 1):
+            s += L[i, k] * g[k]
+        out[i] = s
+
+
+@njit(cache=True, fastmath={"reassoc", "contract"})
+def _lower_t_matvec(L, v, out):
+    """out := L^T v for lower-triangular L (row axpys, contiguous in memory)."""
+    n = v.shape[0]
+    for k in range(n):
+        out[k] = 0.0
+    for i in range(n):
+        vi = v[i]
+        for k in range(i + 1):
+            out[k] += L[i, k] * vi
+
+
+@njit(cache=True)
+def _potential(L, y, likelihood, tau, g, f, grad):
+    """U(g) = -tau log p(y|L g) + 1/2 g^T g and its gradient -tau L^T grad log p + g.
+
+    Fills f = L g and grad; returns (U, log p(y|f)).
+    """
+    _lower_matvec(L, g, f)
+    lp, dlp, _, _ = log_likelihood(likelihood, y, f)
+    _lower_t_matvec(L, dlp, grad)
+    log_lik = lp.sum()
+    U = -tau * log_lik
+    for i in range(g.shape[0]):
+        grad[i] = g[i] - tau * grad[i]
+        U += 0.5 * g[i] * g[i]
+    return U, log_lik
+
+
+@njit(cache=True)
+def hmc_transition(L, y, likelihood, tau, g, step, n_leapfrog):
+    """One Hybrid Monte Carlo transition (Duane et al. 1987; K&R 6.1) on whitened latents.
+
+    Target p(y|L g)^tau N(g|0, I); leapfrog with `n_leapfrog` steps of size
+    `step` and unit masses, then the Metropolis correction. Returns
+    (g, accepted, log p(y|L g)) for the new state (the old one if rejected).
+    """
+    n = g.shape[0]
+    f = np.empty(n)
+    grad = np.empty(n)
+    U0, ll0 = _potential(L, y, likelihood, tau, g, f, grad)
+    p = np.empty(n)
+    for i in range(n):
+        p[i] = np.random.standard_normal()
+    H0 = U0 + 0.5 * (p @ p)
+    q = g.copy()
+    for i in range(n):                                        # half step for the momenta
+        p[i] -= 0.5 * step * grad[i]
+    U = U0
+    ll = ll0
+    for s in range(n_leapfrog):
+        for i in range(n):                                    # full step for the positions
+            q[i] += step * p[i]
+        U, ll = _potential(L, y, likelihood, tau, q, f, grad)
+        scale = step if s < n_leapfrog - 1 else 0.5 * step    # last momentum step is a half step
+        for i in range(n):
+            p[i] -= scale * grad[i]
+    H1 = U + 0.5 * (p @ p)
+    if np.random.random() < math.exp(min(0.0, H0 - H1)):      # Metropolis: accept with min(1, e^(H0 - H1))
+        return q, True, ll
+    return g.copy(), False, ll0
+
+
+@njit(cache=True)
+def hmc_latent(K, y, likelihood, n_samples, step=0.1, n_leapfrog=10, seed=0, burn_in=0,
+               thin=1, tau=1.0):
+    """Samples of f from p(f|X, y) (or the tempered p(y|f)^tau N(f|0, K)) by HMC.
+
+    Works on g = L^-1 f (K&R 6.1), starting from g ~ N(0, I).
+
+    Returns
+    -------
+    F : ndarray, shape (n_samples, n)
+        Latent samples f = L g, after `burn_in` transitions, every `thin`-th.
+    acceptance : float
+        Fraction of accepted transitions (burn-in included).
+    """
+    _check_K_y(K, y)
+    if n_samples < 1 or n_leapfrog < 1 or thin < 1 or burn_in < 0 or not step > 0.0:
+        raise ValueError("n_samples, n_leapfrog and thin must be >= 1, burn_in >= 0, step > 0")
+    n = y.shape[0]
+    L = np.linalg.cholesky(K)
+    np.random.seed(seed)
+    g = np.empty(n)
+    for i in range(n):
+        g[i] = np.random.standard_normal()
+    F = np.empty((n_samples, n))
+    f = np.empty(n)
+    accepted = 0
+    total = burn_in + n_samples * thin
+    k = 0
+    for t in range(total):
+        g, acc, _ = hmc_transition(L, y, likelihood, tau, g, step, n_leapfrog)
+        accepted += acc
+        if t >= burn_in and (t - burn_in) % thin == thin - 1:
+            _lower_matvec(L, g, f)
+            F[k] = f
+            k += 1
+    return F, accepted / total
+
+
+@njit(cache=True, parallel=True)
+def ais(K, y, likelihood, T=8000, R=3, step=0.1, n_leapfrog=10, seed=0, schedule=None):
+    """Annealed importance sampling of log p(y|X) (Kuss & Rasmussen Algorithm 3).
+
+    Parameters
+    ----------
+    K : ndarray, shape (n, n)
+    y : ndarray, shape (n,)
+    likelihood : str
+    T : int
+        Number of temperatures; the default schedule is tau(t) = (t/T)^4 (K&R 6.2).
+    R : int
+        Independent runs, in parallel (numba prange); run r is seeded with
+        seed + r, so the result does not depend on the number of threads.
+    step, n_leapfrog :
+        One HMC transition per temperature (hmc_transition).
+    schedule : ndarray, shape (T + 1,), optional
+        Any increasing schedule from 0 to 1 instead of (t/T)^4.
+
+    Returns
+    -------
+    log_Z : float
+        log of the mean of the R importance weights (the box's return line).
+    log_w : ndarray, shape (R,)
+        log Z_r of each run (32).
+    se : float
+        Standard error of log_Z from the spread of the weights (delta
+        method); R = 1 gives nan.
+
+    Notes
+    -----
+    Departs from (31) in which sample it uses: the ratio Z_t / Z_t-1 of
+    (30a) is an expectation under the temperature tau(t-1), so log w gains
+    (tau(t) - tau(t-1)) log p(y|f_t-1) with the state from before the
+    transition at tau(t) (Neal 2001); evaluating it at f_t, as (31) is
+    written, biases the estimate by O(1/T).
+    """
+    _check_K_y(K, y)
+    if T < 1 or R < 1:
+        raise ValueError("T and R must be at least 1")
+    if schedule is None:
+        tau = np.empty(T + 1)
+        for t in range(T + 1):
+            tau[t] = (t / T) ** 4
+    else:
+        if schedule.shape[0] != T + 1:
+            raise ValueError("schedule must have T + 1 temperatures")
+        tau = schedule.copy()
+        if tau[0] != 0.0 or tau[T] != 1.0:
+            raise ValueError("schedule must start at 0 and end at 1")
+        for t in range(T):
+            if tau[t + 1] < tau[t]:
+                raise ValueError("schedule must be increasing")
+    n = y.shape[0]
+    L = np.linalg.cholesky(K)
+    log_w = np.empty(R)
+    for r in prange(R):                                       # for r = 1..R
+        np.random.seed(seed + r)
+        g = np.empty(n)
+        for i in range(n):                                    # f_0 ~ N(0, K): f = L g, g ~ N(0, I)
+            g[i] = np.random.standard_normal()
+        f = np.empty(n)
+        _lower_matvec(L, g, f)
+        ll = log_likelihood(likelihood, y, f)[0].sum()
+        lw = 0.0
+        for t in range(1, T + 1):                             # for t = 1..T
+            lw += (tau[t] - tau[t - 1]) * ll                  # ln(Z_t/Z_t-1) (31), at f_t-1 (see Notes)
+            g, _, ll = hmc_transition(L, y, likelihood, tau[t], g, step, n_leapfrog)  # f_t by HMC at tau(t)
+        log_w[r] = lw                                         # ln Z_r (32)
+    m = log_w.max()
+    w = np.exp(log_w - m)
+    mean_w = w.mean()
+    log_Z = m + math.log(mean_w)                              # ln Z = ln(1/R sum_r Z_r)
+    se = np.nan
+    if R > 1:
+        se = math.sqrt(((w - mean_w) ** 2).sum() / (R - 1) / R) / mean_w
+    return log_Z, log_w, se
+
+
+@njit(cache=True)
+def _truncnorm_lower(a):
+    """A draw of z ~ N(0, 1) conditioned on z >= a (exact).
+
+    Rejection from N(0, 1) for a <= 0.5; for a > 0.5 Robert's (1995)
+    exponential proposal with rate (a + sqrt(a^2 + 4)) / 2.
+    """
+    if a <= 0.5:
+        while True:
+            z = np.random.standard_normal()
+            if z >= a:
+                return z
+    alpha = 0.5 * (a + math.sqrt(a * a + 4.0))
+    while True:
+        z = a - math.log(np.random.random()) / alpha
+        if np.random.random() <= math.exp(-0.5 * (z - alpha) ** 2):
+            return z
+
+
+@njit(cache=True)
+def truncated_gaussian_gibbs(C, n_samples, seed=0, x0=None, thin=1):
+    """Samples of N(0, C) truncated to the positive orthant x_i >= 0, by Gibbs sampling.
+
+    Each sweep draws every x_i from its conditional, a univariate normal
+    N(-sum_j!=i P_ij x_j / P_ii, 1 / P_ii) (P = C^-1) truncated to x_i >= 0,
+    exactly. Returns (n_samples, n); one sample every `thin` sweeps.
+    """
+    n = C.shape[0]
+    if C.shape[1] != n or n_samples < 1 or thin < 1:
+        raise ValueError("C must be square; n_samples and thin must be >= 1")
+    P = cholesky_inverse(np.linalg.cholesky(C))
+    np.random.seed(seed)
+    x = np.empty(n)
+    if x0 is None:
+        for i in range(n):
+            x[i] = math.sqrt(C[i, i])
+    else:
+        for i in range(n):
+            if not x0[i] >= 0.0:
+                raise ValueError("x0 must lie in the positive orthant")
+            x[i] = x0[i]
+    out = np.empty((n_samples, n))
+    for s in range(n_samples * thin):
+        for i in range(n):
+            r = 0.0
+            for j in range(n):
+                if j != i:
+                    r += P[i, j] * x[j]
+            sd = 1.0 / math.sqrt(P[i, i])
+            mu = -r / P[i, i]
+            x[i] = mu + sd * _truncnorm_lower(-mu / sd)
+        if s % thin == thin - 1:
+            out[s // thin] = x
+    return out
+
+
+@njit(cache=True)
+def truncated_gaussian_mh(C, n_samples, step, seed=0, x0=None, thin=1):
+    """Samples of N(0, C) truncated to x_i >= 0 by random-walk Metropolis-Hastings (K&R section 5).
+
+    Proposal x' = x + step z, z ~ N(0, I); a proposal outside the orthant is
+    rejected. Returns (samples (n_samples, n), acceptance rate).
+    """
+    n = C.shape[0]
+    if C.shape[1] != n or n_samples < 1 or thin < 1 or not step > 0.0:
+        raise ValueError("C must be square; n_samples, thin >= 1 and step > 0")
+    P = cholesky_inverse(np.linalg.cholesky(C))
+    np.random.seed(seed)
+    x = np.empty(n)
+    if x0 is None:
+        for i in range(n):
+            x[i] = math.sqrt(C[i, i])
+    else:
+        for i in range(n):
+            if not x0[i] >= 0.0:
+                raise ValueError("x0 must lie in the positive orthant")
+            x[i] = x0[i]
+    Px = P @ x
+    out = np.empty((n_samples, n))
+    xp = np.empty(n)
+    accepted = 0
+    for s in range(n_samples * thin):
+        inside = True
+        for i in range(n):
+            xp[i] = x[i] + step * np.random.standard_normal()
+            inside = inside and xp[i] >= 0.0
+        if inside:
+            Pxp = P @ xp
+            d = -0.5 * (xp @ Pxp) + 0.5 * (x @ Px)            # log N(x'|0, C) - log N(x|0, C)
+            if np.random.random() < math.exp(min(0.0, d)):
+                x[:] = xp
+                Px = Pxp
+                accepted += 1
+        if s % thin == thin - 1:
+            out[s // thin] = x
+    return out, accepted / (n_samples * thin)
 
 
 # ============================================================================
