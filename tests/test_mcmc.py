@@ -153,3 +153,68 @@ def test_mcmc_bad_input():
         gpclab.truncated_gaussian_gibbs(np.eye(2), 10, 0, np.array([1.0, -1.0]))
     with pytest.raises(ValueError, match="T and R"):
         gpclab.ais(np.eye(2), np.ones(2), "probit", 0)
+
+
+def test_mcmc_predict_equals_a_direct_monte_carlo_average():
+    """Rao-Blackwellised predictions against drawing f_* | f and averaging Phi(f_*) directly."""
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((6, 2))
+    Xs = rng.standard_normal((3, 2))
+    y = np.array([1.0, -1.0, 1.0, 1.0, -1.0, 1.0])
+    h = np.array([0.0, 0.7])
+    K = gpclab.kernel_matrix("se", X, X, h)
+    Ks = gpclab.kernel_matrix("se", X, Xs, h)
+    kss = gpclab.kernel_diag("se", Xs, h)
+    F, _ = gpclab.hmc_latent(K, y, "probit", 400, 0.3, 10, 0, 100, 1)
+    p, means = gpclab.mcmc_predict(F, K, "probit", Ks, kss)
+    mean_ref = F @ np.linalg.solve(K, Ks)
+    np.testing.assert_allclose(means, mean_ref, rtol=1e-8, atol=1e-10)
+    var = kss - np.einsum("ij,ij->j", Ks, np.linalg.solve(K, Ks))
+    draws = mean_ref[:, None, :] + np.sqrt(var) * rng.standard_normal((400, 2000, 3))
+    direct = norm.cdf(draws).mean(axis=(0, 1))
+    np.testing.assert_allclose(p, direct, atol=0.01)
+    np.testing.assert_allclose(p, norm.cdf(mean_ref / np.sqrt(1 + var)).mean(0), rtol=1e-12)
+
+
+def test_hmc_over_hyperparameters_samples_the_right_posterior():
+    """The chain's mean and sd match the posterior q(y|theta) p(theta) evaluated on a fine grid."""
+    X, y = gpclab.make_three_gaussians(seed=0)
+    out = gpclab.hmc_hyperparameters(X, y, "se", "logistic", [1.0, 1.0], n_iter=3000, n_leapfrog=10,
+                                     step=0.15, prior=(-3.0, 3.0), seed=2)
+    assert out["samples"].shape == (3000, 2) and 0.5 < out["acceptance"] <= 1.0
+    le = np.linspace(-2, 4, 121)
+    ls = np.linspace(-1, 5, 121)
+    grid = gpclab.evidence_grid(X, y, le, ls, progress=False)["log_q"]
+    logp = grid - 0.5 * ((le[None, :] + 3) / 3) ** 2 - 0.5 * ((ls[:, None] + 3) / 3) ** 2
+    w = np.exp(logp - logp.max())
+    w /= w.sum()
+    assert w[0].sum() + w[-1].sum() + w[:, 0].sum() + w[:, -1].sum() < 1e-3  # the grid holds the posterior
+    m = np.array([(w * le[None, :]).sum(), (w * ls[:, None]).sum()])
+    sd = np.sqrt([(w * (le[None, :] - m[0]) ** 2).sum(), (w * (ls[:, None] - m[1]) ** 2).sum()])
+    s = out["samples"][500:]
+    np.testing.assert_allclose(s.mean(0), m, atol=0.1)
+    np.testing.assert_allclose(s.std(0), sd, rtol=0.1)
+
+
+def test_predict_averaged_is_the_mean_of_laplace_predictions():
+    X, y = gpclab.make_three_gaussians(seed=1)
+    Xs = np.linspace(-8, 4, 7)[:, None]
+    S = np.array([[0.5, 1.0], [1.0, 2.0], [0.8, 1.5]])
+    p = gpclab.predict_averaged(X, y, Xs, S, "se", "logistic")
+    ref = np.mean([gpclab.GPClassifier(log_hyp=h, optimize=False).fit(X, y).predict_proba(Xs)[:, 1] for h in S], axis=0)
+    np.testing.assert_allclose(p, ref, rtol=1e-12)
+
+
+def test_mcmc_posterior_and_ais_grid():
+    X, y = gpclab.make_three_gaussians(seed=2)
+    X, y = X[::4], y[::4]
+    out = gpclab.mcmc_posterior(X, y, [1.0, 1.0], X_test=np.array([[-6.0], [0.0]]), n_samples=3000, step=0.3)
+    assert out["F"].shape == (3000, 15) and out["acceptance"] > 0.5
+    assert out["p_test"][0] > 0.7 and out["p_test"][1] < 0.3
+    ep = gpclab.GPClassifier(likelihood="probit", method="ep", log_hyp=[1.0, 1.0], optimize=False).fit(X, y)
+    np.testing.assert_allclose(out["F"].mean(0), ep.result_.mu, atol=0.25)  # EP's mean is close to the truth
+    g = gpclab.ais_grid(X, y, [1.0], [0.0, 1.0], T=2000, R=4, step=0.2, progress=False)
+    for i, ls in enumerate([0.0, 1.0]):
+        K = gpclab.kernel_matrix("se", X, X, np.array([1.0, ls])) + 1e-8 * np.exp(2 * ls) * np.eye(15)
+        exact = gpclab.exact_log_evidence_probit(K, np.where(y > 0, 1.0, -1.0))
+        assert abs(g["log_Z"][i, 0] - exact) < max(4 * g["se"][i, 0], 0.05)
