@@ -2635,6 +2635,32 @@ def mcmc_posterior(X, y, log_hyp, X_test=None, kernel="se", likelihood="probit",
     return out
 
 
+def autocorrelation_time(x):
+    """Integrated autocorrelation time of a chain, 1 + 2 sum_k rho_k (Geyer's initial positive sequence).
+
+    The sum runs over pairs rho_2m + rho_2m+1 while they stay positive. A
+    chain of N states carries about N / autocorrelation_time independent
+    samples' worth of information about the mean.
+    """
+    x = np.asarray(x, dtype=float).ravel()
+    N = x.size
+    if N < 4 or not np.all(np.isfinite(x)):
+        raise ValueError("x must be a finite chain of at least 4 states")
+    x = x - x.mean()
+    if not np.any(x):
+        return 1.0
+    fx = np.fft.rfft(x, 2 * N)
+    acf = np.fft.irfft(fx * np.conj(fx))[:N]
+    rho = acf / acf[0]
+    tau = -1.0  # so that the first pair (rho_0 + rho_1) gives 1 + 2 rho_1
+    for m in range(0, N // 2 - 1):
+        pair = rho[2 * m] + rho[2 * m + 1]
+        if pair <= 0:
+            break
+        tau += 2 * pair
+    return float(max(tau, 1.0))
+
+
 def hmc_step_size(K, likelihood):
     """A leapfrog step for HMC on whitened latents: 0.5 / sqrt(1 + w lambda_max(K)).
 

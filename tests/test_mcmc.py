@@ -218,3 +218,24 @@ def test_mcmc_posterior_and_ais_grid():
         K = gpclab.kernel_matrix("se", X, X, np.array([1.0, ls])) + 1e-8 * np.exp(2 * ls) * np.eye(15)
         exact = gpclab.exact_log_evidence_probit(K, np.where(y > 0, 1.0, -1.0))
         assert abs(g["log_Z"][i, 0] - exact) < max(4 * g["se"][i, 0], 0.05)
+
+
+def test_autocorrelation_time_of_an_ar1_process():
+    """For x_t = phi x_t-1 + e_t the integrated autocorrelation time is (1 + phi) / (1 - phi)."""
+    rng = np.random.default_rng(0)
+    for phi in (0.0, 0.5, 0.9):
+        e = rng.standard_normal(200_000)
+        x = np.empty_like(e)
+        x[0] = e[0]
+        for t in range(1, e.size):
+            x[t] = phi * x[t - 1] + e[t]
+        assert gpclab.autocorrelation_time(x) == pytest.approx((1 + phi) / (1 - phi), rel=0.1)
+
+
+def test_gibbs_mixes_faster_than_metropolis_hastings():
+    """The Gibbs option earns its place: far shorter autocorrelation on a correlated truncated Gaussian."""
+    C = np.array([[1.0, 0.8], [0.8, 1.0]])
+    G = gpclab.truncated_gaussian_gibbs(C, 40000, 0)[4000:]
+    tau_mh = min(gpclab.autocorrelation_time(gpclab.truncated_gaussian_mh(C, 40000, s, 0)[0][4000:, 0])
+                 for s in (0.4, 0.8, 1.6))
+    assert gpclab.autocorrelation_time(G[:, 0]) < tau_mh / 3
