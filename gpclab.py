@@ -1815,6 +1815,24 @@ def _truncnorm_lower(a):
 
 
 @njit(cache=True)
+def _orthant_start(C, x0):
+    """The starting state of the truncated-Gaussian samplers: x0, or sqrt(C_ii) in each coordinate."""
+    n = C.shape[0]
+    x = np.empty(n)
+    if x0 is None:
+        for i in range(n):
+            x[i] = math.sqrt(C[i, i])
+        return x
+    if x0.shape[0] != n:
+        raise ValueError("x0 must have one entry per row of C")
+    for i in range(n):
+        if not x0[i] >= 0.0:
+            raise ValueError("x0 must lie in the positive orthant")
+        x[i] = x0[i]
+    return x
+
+
+@njit(cache=True)
 def truncated_gaussian_gibbs(C, n_samples, seed=0, x0=None, thin=1):
     """Samples of N(0, C) truncated to the positive orthant x_i >= 0, by Gibbs sampling.
 
@@ -1827,15 +1845,7 @@ def truncated_gaussian_gibbs(C, n_samples, seed=0, x0=None, thin=1):
         raise ValueError("C must be square; n_samples and thin must be >= 1")
     P = cholesky_inverse(np.linalg.cholesky(C))
     np.random.seed(seed)
-    x = np.empty(n)
-    if x0 is None:
-        for i in range(n):
-            x[i] = math.sqrt(C[i, i])
-    else:
-        for i in range(n):
-            if not x0[i] >= 0.0:
-                raise ValueError("x0 must lie in the positive orthant")
-            x[i] = x0[i]
+    x = _orthant_start(C, x0)
     out = np.empty((n_samples, n))
     for s in range(n_samples * thin):
         for i in range(n):
@@ -1863,15 +1873,7 @@ def truncated_gaussian_mh(C, n_samples, step, seed=0, x0=None, thin=1):
         raise ValueError("C must be square; n_samples, thin >= 1 and step > 0")
     P = cholesky_inverse(np.linalg.cholesky(C))
     np.random.seed(seed)
-    x = np.empty(n)
-    if x0 is None:
-        for i in range(n):
-            x[i] = math.sqrt(C[i, i])
-    else:
-        for i in range(n):
-            if not x0[i] >= 0.0:
-                raise ValueError("x0 must lie in the positive orthant")
-            x[i] = x0[i]
+    x = _orthant_start(C, x0)
     Px = P @ x
     out = np.empty((n_samples, n))
     xp = np.empty(n)
