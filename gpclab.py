@@ -1,12 +1,15 @@
 """gpclab: Gaussian-process classification as in GPML chapter 3, line by line.
 
-One module, in book order. Sections 1-4 are numba ``@njit(cache=True)``
-functions that follow the pseudocode of Rasmussen & Williams, *Gaussian
-Processes for Machine Learning* (MIT Press, 2006), chapter 3, with a
-comment on every line naming the algorithm line and equation. The last
-section is a thin Python layer: input checks, a scikit-learn style
-``GPClassifier``, ML-II, marginal-likelihood grids, information scores,
-toy data.
+One module, in book order: 1 numerics, 2 covariance functions,
+3 likelihoods, 3.4 binary Laplace (Algorithms 3.1, 3.2), 3.5 multi-class
+Laplace (3.3, 3.4), 3.6 expectation propagation (3.5, 3.6), 7 MCMC (Kuss &
+Rasmussen's HMC, annealed importance sampling, truncated Gaussians). These
+are numba ``@njit(cache=True)`` functions that follow the pseudocode of
+Rasmussen & Williams, *Gaussian Processes for Machine Learning* (MIT
+Press, 2006), chapter 3, with a comment on every line naming the algorithm
+line and equation. The last section (9) is a thin Python layer: input
+checks, a scikit-learn style ``GPClassifier``, ML-II, marginal-likelihood
+grids, MCMC drivers, information scores, data.
 
 References, as cited in comments:
     (3.18), Alg. 3.1   GPML chapter 3 (bare equation numbers are GPML)
@@ -36,6 +39,13 @@ Glossary (code name: book symbol):
     pi_bar_star
              averaged predictive probability of class +1 (3.25), (m,)
     log_hyp  covariance hyperparameters in log space (see section 2)
+
+    multi-class (3.5): f, y, pi of shape (C, n), class-major (3.33); K of
+    shape (C, n, n); E, M as in Algorithm 3.3
+    EP (3.6): nu_tilde, tau_tilde site parameters nu~, tau~ (3.66); sS = S~^1/2;
+    nu_cav, tau_cav the cavity's (3.56); mu_hat, sigma2_hat (3.58);
+    Sigma, mu the approximate posterior (3.53); log_Z = log Z_EP (3.65)
+    MCMC (7): g = L^-1 f whitened latents; tau an inverse temperature (K&R 28)
 
 Students can step through any function with ``fn.py_func(...)`` or by
 setting NUMBA_DISABLE_JIT=1 before importing.
