@@ -1108,7 +1108,7 @@ def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0,
     z = np.empty(C)
     for j in range(m):
         Lj = _cholesky_psd(Sigma_star[j])
-        for s in range(S):                                    # line 18: for i := 1..S
+        for _ in range(S):                                    # line 18: for i := 1..S
             for c in range(C):
                 z[c] = np.random.standard_normal()
             for c in range(C):                                # line 19: f_* ~ N(mu_*, Sigma)

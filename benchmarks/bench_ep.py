@@ -19,7 +19,6 @@ Needs: pip install pygps future GPy
 Usage: python benchmarks/bench_ep.py [--quick]
 """
 import sys
-import time
 import warnings
 
 import numpy as np

@@ -1,5 +1,4 @@
 """Section 9: GPClassifier, ML-II, evidence grids, information score, input checks."""
-import warnings
 
 import numpy as np
 import pytest

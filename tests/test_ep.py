@@ -1,6 +1,5 @@
 """Section 3.6: EP (Algorithms 3.5, 3.6), log Z_EP and its gradient, the exact probit evidence, the lower bound."""
 import math
-import warnings
 
 import numpy as np
 import pytest
