@@ -1251,21 +1251,40 @@ def probit_moments(y_i, mu_cav, sigma2_cav):
 
 
 @njit(cache=True)
-def _probit_site_update(y_i, tau_cav, nu_cav):
-    """New site parameters (3.59) from the moments (3.58), without cancellation.
+def _tilted_terms(y_i, mu_cav, s, eps):
+    """log Z_i, r and r + z of a site with Z_i = eps + (1 - 2 eps) Phi(z), z = y_i mu_cav / s.
 
-    With w = r (z + r) in (0, 1): sigma_hat^-2 - tau_cav = w / (1 + sigma2_cav (1 - w))
-    and sigma_hat^-2 mu_hat - nu_cav = tau_tilde mu_cav + (1 + tau_tilde sigma2_cav) y r / s.
+    r = (1 - 2 eps) N(z) / Z_i = s y_i d log Z_i / d mu_cav. The probit site is
+    eps = 0, s = sqrt(1 + sigma2_cav) (3.58); K&G's labelling-noise site (their
+    eqs. 10, 20) is s = sqrt(sigma2_cav).
+    """
+    z = y_i * mu_cav / s
+    if eps == 0.0:
+        r, rz = n_over_phi_and_sum(z)
+        return log_phi(z), r, rz
+    Z = eps + (1.0 - 2.0 * eps) * std_normal_cdf(z)
+    r = (1.0 - 2.0 * eps) * math.exp(-0.5 * z * z - _LOG_SQRT_2PI) / Z
+    return math.log(Z), r, r + z
+
+
+@njit(cache=True)
+def _site_update(y_i, tau_cav, nu_cav, noise, eps):
+    """New site parameters (3.59) from the tilted moments, without cancellation.
+
+    With s^2 = noise + sigma2_cav (noise = 1 for probit, 0 for K&G's step
+    likelihood) and w = r (z + r): sigma_hat^2 = sigma2_cav (1 - w sigma2_cav / s^2),
+    so sigma_hat^-2 - tau_cav = w / (s^2 - w sigma2_cav) and
+    sigma_hat^-2 mu_hat - nu_cav = tau_tilde mu_cav + (1 + tau_tilde sigma2_cav) y r / s.
     The box's direct differences lose every digit for a well-classified site,
     where sigma_hat^2 is within rounding of sigma2_cav.
     """
     sigma2_cav = 1.0 / tau_cav
     mu_cav = nu_cav * sigma2_cav
-    s = math.sqrt(1.0 + sigma2_cav)
-    z = y_i * mu_cav / s
-    r, rz = n_over_phi_and_sum(z)
+    s2 = noise + sigma2_cav
+    s = math.sqrt(s2)
+    _, r, rz = _tilted_terms(y_i, mu_cav, s, eps)
     w = r * rz
-    tau_tilde = w / (1.0 + sigma2_cav * (1.0 - w))
+    tau_tilde = w / (noise + sigma2_cav * (1.0 - w))
     nu_tilde = tau_tilde * mu_cav + (1.0 + tau_tilde * sigma2_cav) * y_i * r / s
     return tau_tilde, nu_tilde
 
@@ -1328,8 +1347,11 @@ def _ep_posterior(K, tau_tilde, nu_tilde):
 
 
 @njit(cache=True)
-def _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L):
-    """log Z_EP (3.65) through the stable forms (3.73)-(3.75) and the existing L."""
+def _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L, noise=1.0, eps=0.0):
+    """log Z_EP (3.65) through the stable forms (3.73)-(3.75) and the existing L.
+
+    noise, eps select the site as in _site_update (probit: 1, 0).
+    """
     n = y.shape[0]
     log_Z = 0.0
     quad = 0.0
@@ -1337,7 +1359,7 @@ def _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L):
         tau_cav = 1.0 / Sigma[i, i] - tau_tilde[i]            # (3.56)
         nu_cav = mu[i] / Sigma[i, i] - nu_tilde[i]
         mu_cav = nu_cav / tau_cav
-        log_Z += log_phi(y[i] * mu_cav / math.sqrt(1.0 + 1.0 / tau_cav))    # third term of (3.65)
+        log_Z += _tilted_terms(y[i], mu_cav, math.sqrt(noise + 1.0 / tau_cav), eps)[0]  # third term of (3.65)
         log_Z += 0.5 * math.log1p(tau_tilde[i] / tau_cav) - math.log(L[i, i])  # (3.73)
         log_Z -= 0.5 * nu_tilde[i] ** 2 / (tau_cav + tau_tilde[i])          # (3.74), diagonal part
         log_Z += 0.5 * mu_cav * tau_cav * (tau_tilde[i] * mu_cav - 2.0 * nu_tilde[i]) / (
@@ -1348,7 +1370,7 @@ def _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L):
 
 @njit(cache=True)
 def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
-       order="natural", seed=0):
+       order="natural", seed=0, likelihood="probit", eps=0.0):
     """Expectation propagation for binary classification (GPML Algorithm 3.5).
 
     Parameters
@@ -1370,6 +1392,11 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
         sweep, seeded; K&R appendix B).
     seed : int
         Seed of the random order.
+    likelihood, eps :
+        'probit' (3.16), or 'step' for Kim & Ghahramani's labelling-noise
+        likelihood eps + (1 - 2 eps) H(y f) (K&G eq. 10; their site moments
+        eqs. 20-21). With eps = 0 and K + I in place of K, 'step' is the
+        probit model (the noise of exercise 3.10.1 moved into the prior).
 
     Returns
     -------
@@ -1384,7 +1411,7 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
     -----
     O(n^2) per site update (line 10), O(n^3) per sweep. Departures: the site
     parameters of lines 8-9 are computed in an algebraically equal form that
-    avoids cancellation (_probit_site_update) and tau~ is kept non-negative;
+    avoids cancellation (_site_update) and tau~ is kept non-negative;
     a site whose cavity precision (line 5) is not positive in floating point
     is left unchanged for that sweep; mu of line 11 is updated in O(n) by
     the rank-one identity mu_new = mu + s_i (d_nu (1 - c Sigma_ii) - c mu_i);
@@ -1400,6 +1427,16 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
     n = y.shape[0]
     if order != "natural" and order != "random":
         raise ValueError("order must be 'natural' or 'random'")
+    if likelihood == "probit":
+        noise = 1.0
+        if eps != 0.0:
+            raise ValueError("eps is for likelihood 'step'")
+    elif likelihood == "step":
+        noise = 0.0
+        if not (eps >= 0.0 and eps < 0.5):
+            raise ValueError("eps must lie in [0, 0.5)")
+    else:
+        raise ValueError("likelihood must be 'probit' or 'step' for EP")
     if nu_tilde_init is None:
         if tau_tilde_init is not None:
             raise ValueError("give both nu_tilde_init and tau_tilde_init, or neither")
@@ -1440,7 +1477,7 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
             if not tau_cav > 0.0:
                 continue
             # line 7: marginal moments (3.58); lines 8-9: site parameters (3.59)
-            tau_new, nu_new = _probit_site_update(y[i], tau_cav, nu_cav)
+            tau_new, nu_new = _site_update(y[i], tau_cav, nu_cav, noise, eps)
             tau_new = max(tau_new, 0.0)
             d_tau = tau_new - tau_tilde[i]                    # line 8: d_tau := sigma_hat^-2 - tau_-i - tau~_i
             tau_tilde[i] = tau_new                            #         tau~_i := tau~_i + d_tau
@@ -1459,14 +1496,14 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
                 m = 0
         Sigma, mu, L = _ep_posterior(K, tau_tilde, nu_tilde)  # lines 13-15: recompute Sigma, mu
         n_sweeps += 1
-        log_Z = _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L)  # line 17, each sweep for line 16
+        log_Z = _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L, noise, eps)  # line 17, each sweep for line 16
         if abs(log_Z - log_Z_old) < tol and delta < math.sqrt(tol):  # line 16: until convergence
             converged = True
             break
         log_Z_old = log_Z
     if n_sweeps == 0:
         Sigma, mu, L = _ep_posterior(K, tau_tilde, nu_tilde)
-    log_Z = _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L)   # line 17: log Z_EP  (3.65, 3.73-3.75)
+    log_Z = _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L, noise, eps)  # line 17: log Z_EP  (3.65, 3.73-3.75)
     return EPResult(nu_tilde, tau_tilde, log_Z, Sigma, mu, L, n_sweeps, converged, delta)  # line 18
 
 

@@ -82,11 +82,11 @@ def test_site_update_equals_direct_form_and_stays_positive():
     for y, tau_cav, nu_cav in [(1.0, 0.5, 0.2), (-1.0, 2.0, 1.5), (1.0, 0.01, -0.3)]:
         s2 = 1 / tau_cav
         _, mu_hat, s2_hat = gpclab.probit_moments(y, nu_cav * s2, s2)
-        tau_new, nu_new = gpclab._probit_site_update(y, tau_cav, nu_cav)
+        tau_new, nu_new = gpclab._site_update(y, tau_cav, nu_cav, 1.0, 0.0)
         assert tau_new == pytest.approx(1 / s2_hat - tau_cav, rel=1e-10)
         assert nu_new == pytest.approx(mu_hat / s2_hat - nu_cav, rel=1e-10)
     # a very well classified site: the direct difference has no digits left, the stable form is > 0
-    tau_new, _ = gpclab._probit_site_update(1.0, 1e-3, 1.0)
+    tau_new, _ = gpclab._site_update(1.0, 1e-3, 1.0, 1.0, 0.0)
     assert 0 < tau_new < 1e-100
 
 
@@ -236,3 +236,41 @@ def test_nonconvergence_warns_with_sweeps_and_change():
     assert not res.converged and res.n_sweeps == 1
     with pytest.warns(RuntimeWarning, match=r"EP did not converge in 1 sweeps \(last relative change"):
         gpclab._warn_not_converged(res, "test")
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.05, 0.2])
+@pytest.mark.parametrize("y_i,mu_cav,s2", [(1.0, 0.4, 2.0), (-1.0, 1.5, 0.3), (1.0, -3.0, 1.0)])
+def test_step_site_update_equals_quadrature(eps, y_i, mu_cav, s2):
+    """K&G's labelling-noise site (eqs. 10, 20-21): the new site matches the tilted moments by quadrature."""
+    sd = math.sqrt(s2)
+    lik = lambda f: eps + (1 - 2 * eps) * (y_i * f > 0)
+    w = lambda f: norm.pdf(f, mu_cav, sd) * lik(f)
+    pts = [0.0]
+    Z = integrate.quad(w, mu_cav - 30 * sd, mu_cav + 30 * sd, points=pts, epsabs=1e-13)[0]
+    m1 = integrate.quad(lambda f: f * w(f), mu_cav - 30 * sd, mu_cav + 30 * sd, points=pts, epsabs=1e-13)[0] / Z
+    m2 = integrate.quad(lambda f: (f - m1) ** 2 * w(f), mu_cav - 30 * sd, mu_cav + 30 * sd, points=pts,
+                        epsabs=1e-13)[0] / Z
+    tau_new, nu_new = gpclab._site_update(y_i, 1 / s2, mu_cav / s2, 0.0, eps)
+    assert tau_new == pytest.approx(1 / m2 - 1 / s2, rel=1e-7, abs=1e-12)
+    assert nu_new == pytest.approx(m1 / m2 - mu_cav / s2, rel=1e-7, abs=1e-12)
+
+
+def test_step_likelihood_with_unit_noise_is_the_probit_model():
+    """K&G: eps = 0 with latent noise theta2 = 1 in the prior is the probit model (exercise 3.10.1)."""
+    X, y, K = _problem(2, n=15)
+    probit = gpclab.ep(K, y, None, None, 1e-12, 200)
+    step = gpclab.ep(K + np.eye(15), y, None, None, 1e-12, 200, "natural", 0, "step", 0.0)
+    assert step.log_Z == pytest.approx(probit.log_Z, abs=1e-8)
+    # sites on the noisy latent carry the unit noise in their variance: 1/tau_step = 1/tau_probit - 1
+    np.testing.assert_allclose(1 / step.tau_tilde, 1 / probit.tau_tilde - 1, rtol=1e-6)
+    # predictions agree: (3.63) for probit, P(f_* + e_* > 0) (K&G eq. 25) with k(x_*, x_*) + 1 for the step model
+    Xs = np.random.default_rng(1).standard_normal((4, 2))
+    Ks = naive.se_kernel(X, Xs, 0.0, np.log(2.0))
+    kss = np.full(4, 4.05)
+    p_probit, _, _ = gpclab.ep_predict(probit.nu_tilde, probit.tau_tilde, K, Ks, kss)
+    _, g_bar, V = gpclab.ep_predict(step.nu_tilde, step.tau_tilde, K + np.eye(15), Ks, kss + 1)
+    np.testing.assert_allclose(norm.cdf(g_bar / np.sqrt(V)), p_probit, rtol=1e-7)
+    with pytest.raises(ValueError, match="eps must lie"):
+        gpclab.ep(K, y, None, None, 1e-9, 10, "natural", 0, "step", 0.7)
+    with pytest.raises(ValueError, match="eps is for likelihood 'step'"):
+        gpclab.ep(K, y, None, None, 1e-9, 10, "natural", 0, "probit", 0.1)
