@@ -330,6 +330,10 @@ def logistic_gaussian_integral(mu, var):
 # "se":  k(x, x') = sf^2 exp(-|x - x'|^2 / (2 l^2)),   log_hyp = (log l, log sf)
 # "ard": k(x, x') = v0 exp(-1/2 sum_l w_l (x_l - x'_l)^2) + v1   (W&B 4),
 #        log_hyp = (log v0, log v1, log w_1, ..., log w_d)
+# "kg":  k(x_i, x_j) = t0 exp(-1/2 sum_m l_m (x_i^m - x_j^m)^2) + t1 + t2 delta(i, j)
+#        (K&G 13, continuous inputs), log_hyp = (log t0, log t1, log t2, log l_1..log l_d);
+#        delta(i, j) is the latent noise of each training case: it appears in
+#        k(X, X) and in k(x_*, x_*), not between different points
 
 
 @njit(cache=True)
@@ -339,19 +343,26 @@ def n_hyp(kernel, d):
         return 2
     if kernel == "ard":
         return d + 2
-    raise ValueError("kernel must be 'se' or 'ard'")
+    if kernel == "kg":
+        return d + 3
+    raise ValueError("kernel must be 'se', 'ard' or 'kg'")
 
 
 @njit(cache=True)
 def _check_kernel_args(kernel, d, log_hyp):
     if log_hyp.shape[0] != n_hyp(kernel, d):
         raise ValueError("log_hyp has the wrong length for this kernel: 'se' takes "
-                         "(log l, log sf), 'ard' takes (log v0, log v1, log w_1..log w_d)")
+                         "(log l, log sf), 'ard' (log v0, log v1, log w_1..log w_d), 'kg' "
+                         "(log t0, log t1, log t2, log l_1..log l_d)")
 
 
 @njit(cache=True)
 def kernel_matrix(kernel, X1, X2, log_hyp):
-    """Covariance matrix k(X1, X2), shape (n1, n2), for log-hyperparameters log_hyp."""
+    """Covariance matrix k(X1, X2), shape (n1, n2), for log-hyperparameters log_hyp.
+
+    The delta(i, j) term of "kg" is added only when X1 and X2 are the same
+    array, k(X, X): it is the latent noise of each training case.
+    """
     n1, d = X1.shape
     n2 = X2.shape[0]
     if X2.shape[1] != d:
@@ -371,9 +382,10 @@ def kernel_matrix(kernel, X1, X2, log_hyp):
                     r2 += t * t
                 K[i, j] = sf2 * math.exp(-0.5 * r2 * inv_l2)
     else:
+        off = 3 if kernel == "kg" else 2                      # "kg" is "ard" plus t2 delta(i, j)
         v0 = math.exp(log_hyp[0])
         v1 = math.exp(log_hyp[1])
-        w = np.exp(log_hyp[2:])
+        w = np.exp(log_hyp[off:])
         for i in range(n1):
             for j in range(i + 1 if symmetric else n2):
                 s = 0.0
@@ -385,6 +397,10 @@ def kernel_matrix(kernel, X1, X2, log_hyp):
         for i in range(n1):
             for j in range(i + 1, n2):
                 K[i, j] = K[j, i]
+        if kernel == "kg":
+            t2 = math.exp(log_hyp[2])
+            for i in range(n1):
+                K[i, i] += t2
     return K
 
 
@@ -395,6 +411,8 @@ def kernel_diag(kernel, X, log_hyp):
     _check_kernel_args(kernel, d, log_hyp)
     if kernel == "se":
         return np.full(m, math.exp(2.0 * log_hyp[1]))
+    if kernel == "kg":
+        return np.full(m, math.exp(log_hyp[0]) + math.exp(log_hyp[1]) + math.exp(log_hyp[2]))
     return np.full(m, math.exp(log_hyp[0]) + math.exp(log_hyp[1]))
 
 
@@ -423,20 +441,28 @@ def kernel_grad(kernel, X, log_hyp, K, j):
                 dK[k, i] = dK[i, k]
         return dK
     v1 = math.exp(log_hyp[1])
+    off = 3 if kernel == "kg" else 2
+    t2 = math.exp(log_hyp[2]) if kernel == "kg" else 0.0
     if j == 1:  # d/d log v1 = v1
         dK[:, :] = v1
         return dK
-    if j == 0:  # d/d log v0 = v0 e(.) = K - v1
+    if kernel == "kg" and j == 2:  # d/d log t2 = t2 delta(i, j)
+        dK[:, :] = 0.0
+        for i in range(n):
+            dK[i, i] = t2
+        return dK
+    if j == 0:  # d/d log v0 = v0 e(.) = K - v1 (- t2 delta)
         for i in range(n):
             for k in range(n):
                 dK[i, k] = K[i, k] - v1
+            dK[i, i] -= t2
         return dK
-    c = j - 2  # d/d log w_c = (K - v1) (-1/2 w_c (x_c - x'_c)^2)
+    c = j - off  # d/d log w_c = v0 e(.) (-1/2 w_c (x_c - x'_c)^2)
     wc = math.exp(log_hyp[j])
     for i in range(n):
         for k in range(n):
             t = X[i, c] - X[k, c]
-            dK[i, k] = (K[i, k] - v1) * (-0.5 * wc * t * t)
+            dK[i, k] = (K[i, k] - v1 - (t2 if i == k else 0.0)) * (-0.5 * wc * t * t)
     return dK
 
 
@@ -1611,6 +1637,7 @@ def _lower_bound(K, y, likelihood, m, A):
     return expected - 0.5 * (u @ u) - 0.5 * (C * C).sum() + log_det + 0.5 * n
 
 
+
 # ============================================================================
 # 7. MCMC (Kuss & Rasmussen section 6): HMC, annealed importance sampling,
 #    truncated Gaussians
@@ -1943,10 +1970,84 @@ def truncated_gaussian_mh(C, n_samples, step, seed=0, x0=None, thin=1):
 
 
 # ============================================================================
+# 8. EM-EP (Kim & Ghahramani section 3.3): the M-step's bound and gradient
+# ============================================================================
+#
+# The E-step is ep(..., likelihood="step", eps=eps), which gives q(f) = N(h, A)
+# (K&G 27; h = mu, A = Sigma). The M-step maximises the Jensen bound F (K&G 29)
+# over the covariance hyperparameters with q held fixed, and updates eps.
+
+
+@njit(cache=True)
+def em_ep_bound(K, y, eps, mu, Sigma):
+    """The lower bound F of log p(y|X, Theta) under q(f) = N(mu, Sigma) (K&G eq. 29).
+
+    F = sum_i E_q[log(eps + (1 - 2 eps) H(y_i f_i))] + E_q[log N(f|0, K)] + H[q].
+    With P_i = q(y_i f_i > 0) = Phi(y_i mu_i / sqrt(Sigma_ii)) the first term is
+    sum_i P_i log(1 - eps) + (1 - P_i) log eps (-inf for eps = 0 unless q
+    puts no mass on a wrong sign). Returns (F, the covariance-dependent part
+    E_q[log N(f|0, K)]).
+    """
+    _check_K_y(K, y)
+    n = y.shape[0]
+    LK = np.linalg.cholesky(K)
+    LS = np.linalg.cholesky(Sigma)
+    u = solve_lower(LK, mu)
+    C = solve_lower_matrix(LK, LS)
+    prior = (-0.5 * (u @ u) - 0.5 * (C * C).sum() - half_log_det(LK)
+             - 0.5 * n * math.log(2.0 * math.pi))            # E_q log N(f|0, K)
+    entropy = half_log_det(LS) + 0.5 * n * (1.0 + math.log(2.0 * math.pi))
+    lik = 0.0
+    for i in range(n):
+        P = std_normal_cdf(y[i] * mu[i] / math.sqrt(Sigma[i, i]))
+        if P > 0.0:
+            lik += P * math.log(1.0 - eps)
+        if P < 1.0:
+            lik += (1.0 - P) * (math.log(eps) if eps > 0.0 else -np.inf)
+    return lik + prior + entropy, prior
+
+
+@njit(cache=True)
+def em_ep_eps(y, mu, Sigma):
+    """The eps that maximises F for fixed q: the mean q-probability of a wrong sign.
+
+    d/d eps of sum_i P_i log(1 - eps) + (1 - P_i) log eps vanishes at
+    eps = (1/n) sum_i (1 - P_i), P_i = Phi(y_i mu_i / sqrt(Sigma_ii)); the
+    likelihood term is concave in eps, so that is the maximum.
+    """
+    n = y.shape[0]
+    s = 0.0
+    for i in range(n):
+        s += std_normal_cdf(-y[i] * mu[i] / math.sqrt(Sigma[i, i]))
+    return s / n
+
+
+@njit(cache=True)
+def em_ep_grad(K, X, kernel, log_hyp, mu, Sigma):
+    """dF/d log_hyp for fixed q = N(mu, Sigma): K&G eq. 31.
+
+    1/2 alpha^T dC alpha - 1/2 tr(C^-1 dC) + 1/2 tr(C^-1 dC C^-1 A) with
+    C = K, alpha = C^-1 h, h = mu, A = Sigma; the d log_hyp chain rule is in
+    dC (kernel_grad). O(n^3) once, O(n^2) per hyperparameter.
+    """
+    LK = np.linalg.cholesky(K)
+    alpha = solve_lower_transpose(LK, solve_lower(LK, mu))    # alpha = C^-1 h
+    Cinv = cholesky_inverse(LK)
+    G = Cinv @ Sigma @ Cinv - Cinv                            # C^-1 A C^-1 - C^-1, symmetric
+    p = log_hyp.shape[0]
+    grad = np.empty(p)
+    for j in range(p):
+        dC = kernel_grad(kernel, X, log_hyp, K, j)
+        aDa, trGdC, _ = _gradient_terms(dC, G, alpha, alpha)
+        grad[j] = 0.5 * aDa + 0.5 * trGdC                     # (K&G 31)
+    return grad
+
+
+# ============================================================================
 # 9. The Python layer (no numba): checks, GPClassifier, ML-II, grids, data
 # ============================================================================
 
-_KERNELS = ("se", "ard")
+_KERNELS = ("se", "ard", "kg")
 _LIKELIHOODS = ("logistic", "probit")
 _METHODS = ("laplace", "ep")
 
@@ -1981,7 +2082,8 @@ def _check_log_hyp(log_hyp, kernel, d, name="log_hyp"):
     h = np.asarray(log_hyp, dtype=float).ravel()
     p = n_hyp(kernel, d)
     if h.shape[0] != p:
-        what = "(log l, log sf)" if kernel == "se" else "(log v0, log v1, log w_1, ..., log w_d)"
+        what = {"se": "(log l, log sf)", "ard": "(log v0, log v1, log w_1, ..., log w_d)",
+                "kg": "(log t0, log t1, log t2, log l_1, ..., log l_d)"}[kernel]
         raise ValueError(f"{name} for kernel {kernel!r} on {d} inputs must have length {p} "
                          f"{what}, got length {h.shape[0]}")
     if not np.all(np.isfinite(h)):
@@ -2036,6 +2138,8 @@ def default_log_hyp(kernel, X):
     d = X.shape[1]
     if kernel == "se":
         return np.zeros(2)
+    if kernel == "kg":
+        return np.concatenate([[0.0, np.log(0.1), 0.0], np.zeros(d)])
     return np.concatenate([[0.0, np.log(0.1)], np.zeros(d)])
 
 
@@ -2048,6 +2152,8 @@ def default_bounds(kernel, d):
     cap = 0.5 * np.log(1e5)
     if kernel == "se":
         return [(-10.0, 10.0), (-10.0, cap)]
+    if kernel == "kg":
+        return [(-10.0, np.log(1e5)), (-15.0, np.log(1e5)), (-15.0, np.log(1e5))] + [(-20.0, 10.0)] * d
     return [(-10.0, np.log(1e5)), (-15.0, np.log(1e5))] + [(-20.0, 10.0)] * d
 
 
@@ -2830,6 +2936,76 @@ def predict_averaged(X, y, X_test, samples, kernel="ard", likelihood="logistic")
                                    kernel_diag(kernel, X_test, h), "average", mode.L)
         p += pi
     return p / samples.shape[0]
+
+
+# --- EM-EP (Kim & Ghahramani section 3.3) -------------------------------------------
+
+
+def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.01, learn_eps=True, max_iter=100, tol=1e-6,
+          bounds=None, m_step_iter=50):
+    """EM-EP hyperparameter learning for binary GPC (Kim & Ghahramani 2006, section 3.3).
+
+    E-step: EP with the labelling-noise likelihood eps + (1 - 2 eps) H(y f)
+    (K&G 10), warm-started from the previous sites. M-step: maximise the
+    bound F (K&G 29) over the log covariance hyperparameters with q held
+    fixed, by L-BFGS-B with the gradient K&G eq. 31 (em_ep_grad), and set
+    eps to its closed form (em_ep_eps). Stops when the hyperparameters change
+    by less than tol and log Z_EP by less than tol, or after max_iter rounds.
+
+    Returns a dict: 'log_hyp', 'eps', 'log_Z' (history, one per E-step), 'F'
+    (history: F after each E-step and after each M-step, alternating),
+    'result' (the last EPResult), 'converged'.
+    """
+    from scipy.optimize import minimize
+
+    X = _as_2d_float(X, "X")
+    y_pm, classes = binary_labels(y, "y")
+    if y_pm.shape[0] != X.shape[0]:
+        raise ValueError(f"X and y must have the same number of samples, got {X.shape[0]} and {y_pm.shape[0]}")
+    _check_choice(kernel, "kernel", _KERNELS)
+    d = X.shape[1]
+    h = _check_log_hyp(default_log_hyp(kernel, X) if log_hyp0 is None else log_hyp0, kernel, d, "log_hyp0")
+    if not 0.0 <= eps0 < 0.5:
+        raise ValueError(f"eps0 must lie in [0, 0.5), got {eps0}")
+    if bounds is None:
+        bounds = default_bounds(kernel, d)
+    eps = float(eps0)
+    sites = None
+    log_Zs, Fs = [], []
+    converged = False
+    res = None
+    for _ in range(max_iter):
+        K = kernel_matrix(kernel, X, X, h)
+        res = (ep(K, y_pm, None, None, 1e-9, 100, "natural", 0, "step", eps) if sites is None else
+               ep(K, y_pm, sites[0], sites[1], 1e-9, 100, "natural", 0, "step", eps))   # E-step
+        _warn_not_converged(res, "em_ep")
+        sites = (res.nu_tilde, res.tau_tilde)
+        mu, Sigma = res.mu, res.Sigma
+        log_Zs.append(float(res.log_Z))
+        Fs.append(float(em_ep_bound(K, y_pm, eps, mu, Sigma)[0]))
+
+        def neg(x):
+            x = np.ascontiguousarray(x)
+            Kx = kernel_matrix(kernel, X, X, x)
+            try:
+                _, prior = em_ep_bound(Kx, y_pm, eps, mu, Sigma)
+            except np.linalg.LinAlgError:
+                return np.inf, np.zeros_like(x)
+            return -prior, -em_ep_grad(Kx, X, kernel, x, mu, Sigma)
+
+        opt = minimize(neg, h, jac=True, method="L-BFGS-B", bounds=bounds,
+                       options={"maxiter": m_step_iter})              # M-step, covariance (K&G 31)
+        h_new = np.asarray(opt.x)
+        if learn_eps:
+            eps = float(em_ep_eps(y_pm, mu, Sigma))                   # M-step, eps (closed form)
+        Fs.append(float(em_ep_bound(kernel_matrix(kernel, X, X, h_new), y_pm, eps, mu, Sigma)[0]))
+        change = np.max(np.abs(h_new - h))
+        h = h_new
+        if change < tol and len(log_Zs) > 1 and abs(log_Zs[-1] - log_Zs[-2]) < tol:
+            converged = True
+            break
+    return {"log_hyp": h, "eps": eps, "log_Z": np.array(log_Zs), "F": np.array(Fs), "result": res,
+            "converged": converged, "classes": classes}
 
 
 # --- data read from a path the user gives ---------------------------------------

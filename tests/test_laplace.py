@@ -209,3 +209,20 @@ def test_numba_functions_reject_bad_input():
         gpclab.kernel_matrix("matern", np.zeros((2, 2)), np.zeros((2, 2)), np.zeros(2))
     with pytest.raises(ValueError, match="rule must be"):
         gpclab.averaged_probability("logistic", np.zeros(1), np.ones(1), "median")
+
+
+def test_kim_ghahramani_kernel(rng):
+    """K&G eq. 13 (continuous inputs): t0 exp(-1/2 sum l_m d_m^2) + t1 + t2 delta(i, j), and its derivatives."""
+    X1, X2 = rng.standard_normal((6, 2)), rng.standard_normal((4, 2))
+    h = np.array([0.4, -1.0, -0.5, 0.3, -0.8])
+    K = gpclab.kernel_matrix("kg", X1, X1, h)
+    ref = naive.ard_kernel(X1, X1, np.delete(h, 2)) + np.exp(h[2]) * np.eye(6)
+    np.testing.assert_allclose(K, ref, rtol=1e-13)
+    np.testing.assert_allclose(gpclab.kernel_matrix("kg", X1, X2, h), naive.ard_kernel(X1, X2, np.delete(h, 2)),
+                               rtol=1e-13)  # no delta between different points
+    np.testing.assert_allclose(gpclab.kernel_diag("kg", X2, h), np.exp(h[0]) + np.exp(h[1]) + np.exp(h[2]))
+    for j in range(h.size):
+        e = np.zeros_like(h)
+        e[j] = 1e-6
+        fd = (gpclab.kernel_matrix("kg", X1, X1, h + e) - gpclab.kernel_matrix("kg", X1, X1, h - e)) / 2e-6
+        np.testing.assert_allclose(gpclab.kernel_grad("kg", X1, h, K, j), fd, rtol=1e-7, atol=1e-10)
