@@ -13,8 +13,8 @@ def rng():
     return np.random.default_rng(12345)
 
 
-def small_problem(seed, n=12, d=2, jitter=0.0):
-    """A random binary problem; jitter makes K well conditioned for naive inverses."""
+def small_problem(seed, n=12, d=2):
+    """A random binary problem: X (n, d) standard normal, noisy labels from the first input."""
     r = np.random.default_rng(seed)
     X = r.standard_normal((n, d))
     y = np.where(X[:, 0] + 0.7 * r.standard_normal(n) > 0, 1.0, -1.0)
