@@ -324,16 +324,23 @@ def logistic_gaussian_integral(mu, var):
 
 
 # ============================================================================
-# 2. Covariance functions (GPML section 3.7; K&R eq. 33; W&B eq. 4)
+# 2. Covariance functions (GPML section 3.7; K&R eq. 33; W&B eq. 4; K&G eqs. 13-14)
 # ============================================================================
 #
-# "se":  k(x, x') = sf^2 exp(-|x - x'|^2 / (2 l^2)),   log_hyp = (log l, log sf)
-# "ard": k(x, x') = v0 exp(-1/2 sum_l w_l (x_l - x'_l)^2) + v1   (W&B 4),
-#        log_hyp = (log v0, log v1, log w_1, ..., log w_d)
-# "kg":  k(x_i, x_j) = t0 exp(-1/2 sum_m l_m (x_i^m - x_j^m)^2) + t1 + t2 delta(i, j)
-#        (K&G 13, continuous inputs), log_hyp = (log t0, log t1, log t2, log l_1..log l_d);
-#        delta(i, j) is the latent noise of each training case: it appears in
-#        k(X, X) and in k(x_*, x_*), not between different points
+# "se":     k(x, x') = sf^2 exp(-r^2 / (2 l^2)),   log_hyp = (log l, log sf)
+# "ard":    k(x, x') = v0 exp(-1/2 sum_m w_m d_m(x, x')) + v1   (W&B 4),
+#           log_hyp = (log v0, log v1, log w_1, ..., log w_d)
+# "kg":     k(x_i, x_j) = t0 exp(-1/2 sum_m l_m d_m(x_i, x_j)) + t1 + t2 delta(i, j)   (K&G 13),
+#           log_hyp = (log t0, log t1, log t2, log l_1, ..., log l_d): one inverse
+#           length-scale per input, K&G's "(m)" models
+# "kg_iso": (K&G 13) with one l shared by all inputs, K&G's "(s)" models,
+#           log_hyp = (log t0, log t1, log t2, log l)
+#
+# d_m(x, x') = (x^m - x'^m)^2 for a continuous input and 1 - delta(x^m, x'^m) for
+# a discrete one (K&G 14); r^2 = sum_m d_m. The optional argument `discrete`,
+# a (d,) array of flags, says which inputs are discrete (default: none).
+# delta(i, j) in "kg" and "kg_iso" is the latent noise of each training case:
+# it appears in k(X, X) and in k(x_*, x_*), not between different points.
 
 
 @njit(cache=True)
@@ -345,7 +352,9 @@ def n_hyp(kernel, d):
         return d + 2
     if kernel == "kg":
         return d + 3
-    raise ValueError("kernel must be 'se', 'ard' or 'kg'")
+    if kernel == "kg_iso":
+        return 4
+    raise ValueError("kernel must be 'se', 'ard', 'kg' or 'kg_iso'")
 
 
 @njit(cache=True)
@@ -353,21 +362,55 @@ def _check_kernel_args(kernel, d, log_hyp):
     if log_hyp.shape[0] != n_hyp(kernel, d):
         raise ValueError("log_hyp has the wrong length for this kernel: 'se' takes "
                          "(log l, log sf), 'ard' (log v0, log v1, log w_1..log w_d), 'kg' "
-                         "(log t0, log t1, log t2, log l_1..log l_d)")
+                         "(log t0, log t1, log t2, log l_1..log l_d), 'kg_iso' "
+                         "(log t0, log t1, log t2, log l)")
 
 
 @njit(cache=True)
-def kernel_matrix(kernel, X1, X2, log_hyp):
+def _discrete_mask(discrete, d):
+    """The flags of K&G eq. 14 as a boolean (d,) array: True where input m is discrete."""
+    mask = np.zeros(d, np.bool_)
+    if discrete is not None:
+        if discrete.shape[0] != d:
+            raise ValueError("discrete must have one flag per input column")
+        for m in range(d):
+            mask[m] = discrete[m] != 0
+    return mask
+
+
+@njit(cache=True)
+def _d_m(a, b, is_discrete):
+    """d_m(x^m, x'^m) of K&G eq. 14: squared difference, or 1 - delta for a discrete input."""
+    t = a - b
+    if is_discrete:
+        return 1.0 if t != 0.0 else 0.0
+    return t * t
+
+
+@njit(cache=True)
+def _inverse_length_scales(kernel, d, log_hyp):
+    """The weights w_m (W&B 4) or l_m (K&G 13) of each input, (d,)."""
+    if kernel == "ard":
+        return np.exp(log_hyp[2:])
+    if kernel == "kg":
+        return np.exp(log_hyp[3:])
+    return np.full(d, math.exp(log_hyp[3]))                   # "kg_iso": one l for all inputs
+
+
+@njit(cache=True)
+def kernel_matrix(kernel, X1, X2, log_hyp, discrete=None):
     """Covariance matrix k(X1, X2), shape (n1, n2), for log-hyperparameters log_hyp.
 
-    The delta(i, j) term of "kg" is added only when X1 and X2 are the same
-    array, k(X, X): it is the latent noise of each training case.
+    discrete : optional (d,) flags of the discrete inputs (K&G 14).
+    The delta(i, j) term of "kg" and "kg_iso" is added only when X1 and X2
+    are the same array, k(X, X): it is the latent noise of each training case.
     """
     n1, d = X1.shape
     n2 = X2.shape[0]
     if X2.shape[1] != d:
         raise ValueError("X1 and X2 must have the same number of columns")
     _check_kernel_args(kernel, d, log_hyp)
+    disc = _discrete_mask(discrete, d)
     K = np.empty((n1, n2))
     # the same array twice (K = k(X, X)): compute one triangle and mirror it
     symmetric = n1 == n2 and X1.ctypes.data == X2.ctypes.data
@@ -377,27 +420,24 @@ def kernel_matrix(kernel, X1, X2, log_hyp):
         for i in range(n1):
             for j in range(i + 1 if symmetric else n2):
                 r2 = 0.0
-                for k in range(d):
-                    t = X1[i, k] - X2[j, k]
-                    r2 += t * t
+                for m in range(d):
+                    r2 += _d_m(X1[i, m], X2[j, m], disc[m])
                 K[i, j] = sf2 * math.exp(-0.5 * r2 * inv_l2)
-    else:
-        off = 3 if kernel == "kg" else 2                      # "kg" is "ard" plus t2 delta(i, j)
+    else:                                                     # "ard", "kg", "kg_iso"
         v0 = math.exp(log_hyp[0])
         v1 = math.exp(log_hyp[1])
-        w = np.exp(log_hyp[off:])
+        w = _inverse_length_scales(kernel, d, log_hyp)
         for i in range(n1):
             for j in range(i + 1 if symmetric else n2):
                 s = 0.0
-                for k in range(d):
-                    t = X1[i, k] - X2[j, k]
-                    s += w[k] * t * t
+                for m in range(d):
+                    s += w[m] * _d_m(X1[i, m], X2[j, m], disc[m])
                 K[i, j] = v0 * math.exp(-0.5 * s) + v1
     if symmetric:
         for i in range(n1):
             for j in range(i + 1, n2):
                 K[i, j] = K[j, i]
-        if kernel == "kg":
+        if kernel == "kg" or kernel == "kg_iso":
             t2 = math.exp(log_hyp[2])
             for i in range(n1):
                 K[i, i] += t2
@@ -411,18 +451,19 @@ def kernel_diag(kernel, X, log_hyp):
     _check_kernel_args(kernel, d, log_hyp)
     if kernel == "se":
         return np.full(m, math.exp(2.0 * log_hyp[1]))
-    if kernel == "kg":
+    if kernel == "kg" or kernel == "kg_iso":
         return np.full(m, math.exp(log_hyp[0]) + math.exp(log_hyp[1]) + math.exp(log_hyp[2]))
     return np.full(m, math.exp(log_hyp[0]) + math.exp(log_hyp[1]))
 
 
 @njit(cache=True)
-def kernel_grad(kernel, X, log_hyp, K, j):
-    """dK/d log_hyp[j], shape (n, n), given K = kernel_matrix(kernel, X, X, log_hyp)."""
+def kernel_grad(kernel, X, log_hyp, K, j, discrete=None):
+    """dK/d log_hyp[j], shape (n, n), given K = kernel_matrix(kernel, X, X, log_hyp, discrete)."""
     n, d = X.shape
     _check_kernel_args(kernel, d, log_hyp)
     if j < 0 or j >= log_hyp.shape[0]:
         raise ValueError("j must index log_hyp")
+    disc = _discrete_mask(discrete, d)
     dK = np.empty((n, n))
     if kernel == "se":
         if j == 1:  # d/d log sf of sf^2 e(.) = 2 K
@@ -435,18 +476,18 @@ def kernel_grad(kernel, X, log_hyp, K, j):
             for k in range(i + 1):
                 r2 = 0.0
                 for c in range(d):
-                    t = X[i, c] - X[k, c]
-                    r2 += t * t
+                    r2 += _d_m(X[i, c], X[k, c], disc[c])
                 dK[i, k] = K[i, k] * r2 * inv_l2
                 dK[k, i] = dK[i, k]
         return dK
     v1 = math.exp(log_hyp[1])
-    off = 3 if kernel == "kg" else 2
-    t2 = math.exp(log_hyp[2]) if kernel == "kg" else 0.0
+    kg = kernel == "kg" or kernel == "kg_iso"
+    off = 3 if kg else 2
+    t2 = math.exp(log_hyp[2]) if kg else 0.0
     if j == 1:  # d/d log v1 = v1
         dK[:, :] = v1
         return dK
-    if kernel == "kg" and j == 2:  # d/d log t2 = t2 delta(i, j)
+    if kg and j == 2:  # d/d log t2 = t2 delta(i, j)
         dK[:, :] = 0.0
         for i in range(n):
             dK[i, i] = t2
@@ -457,12 +498,19 @@ def kernel_grad(kernel, X, log_hyp, K, j):
                 dK[i, k] = K[i, k] - v1
             dK[i, i] -= t2
         return dK
-    c = j - off  # d/d log w_c = v0 e(.) (-1/2 w_c (x_c - x'_c)^2)
+    # d/d log w_c = v0 e(.) (-1/2 w_c d_c(x, x')); "kg_iso": d/d log l = v0 e(.) (-1/2 l r^2)
+    c = j - off
     wc = math.exp(log_hyp[j])
     for i in range(n):
-        for k in range(n):
-            t = X[i, c] - X[k, c]
-            dK[i, k] = (K[i, k] - v1 - (t2 if i == k else 0.0)) * (-0.5 * wc * t * t)
+        for k in range(i + 1):
+            if kernel == "kg_iso":
+                dist = 0.0
+                for m in range(d):
+                    dist += _d_m(X[i, m], X[k, m], disc[m])
+            else:
+                dist = _d_m(X[i, c], X[k, c], disc[c])
+            dK[i, k] = (K[i, k] - v1 - (t2 if i == k else 0.0)) * (-0.5 * wc * dist)
+            dK[k, i] = dK[i, k]
     return dK
 
 
@@ -762,7 +810,7 @@ def laplace_predict(f_hat, K, y, likelihood, K_star, k_star_star, rule="average"
 
 
 @njit(cache=True)
-def laplace_log_q_grad(K, X, kernel, log_hyp, y, likelihood, f_hat, a, L):
+def laplace_log_q_grad(K, X, kernel, log_hyp, y, likelihood, f_hat, a, L, discrete=None):
     """Gradient of the Laplace log q(y|X, theta) (3.32) w.r.t. log_hyp (K&R eqs. 42-47).
 
     Parameters
@@ -772,7 +820,7 @@ def laplace_log_q_grad(K, X, kernel, log_hyp, y, likelihood, f_hat, a, L):
     X : ndarray, shape (n, d)
         Training inputs.
     kernel : str
-        'se' or 'ard' (section 2).
+        A covariance function of section 2.
     log_hyp : ndarray, shape (p,)
         Log-hyperparameters at which K was built.
     y : ndarray, shape (n,)
@@ -781,6 +829,8 @@ def laplace_log_q_grad(K, X, kernel, log_hyp, y, likelihood, f_hat, a, L):
         'logistic' or 'probit'.
     f_hat, a, L :
         The mode, a = K^-1 f_hat and cholesky(B) at f_hat, from laplace_mode.
+    discrete : ndarray, shape (d,), optional
+        Flags of the discrete inputs (K&G 14), as given to kernel_matrix.
 
     Returns
     -------
@@ -819,7 +869,7 @@ def laplace_log_q_grad(K, X, kernel, log_hyp, y, likelihood, f_hat, a, L):
     p = log_hyp.shape[0]
     grad = np.empty(p)
     for j in range(p):
-        dK = kernel_grad(kernel, X, log_hyp, K, j)
+        dK = kernel_grad(kernel, X, log_hyp, K, j, discrete)
         aDa, trRdK, b = _gradient_terms(dK, R, a, dlp)       # a^T dK a, tr(R dK), dK grad log p
         explicit = 0.5 * aDa - 0.5 * trRdK                   # (K&R 43) with a = K^-1 f_hat
         dm = b - K @ (R @ b)                                 # (K&R 47): dm = (I + K W)^-1 dK grad log p
@@ -1153,7 +1203,7 @@ def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0,
 
 
 @njit(cache=True)
-def laplace_log_q_grad_multiclass(K, X, kernel, log_hyp, y, f_hat, a, E, M):
+def laplace_log_q_grad_multiclass(K, X, kernel, log_hyp, y, f_hat, a, E, M, discrete=None):
     """Gradient of the multi-class log q (3.44) w.r.t. per-class log-hyperparameters.
 
     Parameters
@@ -1166,6 +1216,8 @@ def laplace_log_q_grad_multiclass(K, X, kernel, log_hyp, y, f_hat, a, E, M):
         Log-hyperparameters of each class's covariance function.
     y, f_hat, a, E, M :
         Targets and the mode with E and M at f_hat (laplace_mode_multiclass).
+    discrete : ndarray, shape (d,), optional
+        Flags of the discrete inputs (K&G 14), as given to kernel_matrix.
 
     Returns
     -------
@@ -1227,7 +1279,7 @@ def laplace_log_q_grad_multiclass(K, X, kernel, log_hyp, y, f_hat, a, E, M):
     grad = np.empty((C, p))
     for c0 in range(C):
         for j in range(p):
-            dK = kernel_grad(kernel, X, log_hyp[c0], K[c0], j)
+            dK = kernel_grad(kernel, X, log_hyp[c0], K[c0], j, discrete)
             aDa, trRdK, u = _gradient_terms(dK, Rcc[c0], a[c0], g[c0])
             explicit = 0.5 * aDa - 0.5 * trRdK                # (K&R 43), class block c0
             t = E[c0] @ u                                     # R u for u = dK (y - pi), nonzero in block c0:
@@ -1534,7 +1586,7 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
 
 
 @njit(cache=True)
-def ep_predict(nu_tilde, tau_tilde, K, K_star, k_star_star, L=None):
+def ep_predict(nu_tilde, tau_tilde, K, K_star, k_star_star, L=None, likelihood="probit", eps=0.0):
     """Predictions for expectation propagation (GPML Algorithm 3.6).
 
     Parameters
@@ -1549,6 +1601,10 @@ def ep_predict(nu_tilde, tau_tilde, K, K_star, k_star_star, L=None):
         k(x_*, x_*).
     L : ndarray, shape (n, n), optional
         cholesky(B) from ep; skips line 2, as the caption suggests.
+    likelihood, eps :
+        'probit' (3.63), or 'step', K&G's eps + (1 - 2 eps) H(y f): then
+        line 7 is eps + (1 - 2 eps) Phi(f_bar_* / sqrt(V[f_*])) (K&G 26; 25
+        for eps = 0), the latent noise being inside k(x_*, x_*).
 
     Returns
     -------
@@ -1574,21 +1630,30 @@ def ep_predict(nu_tilde, tau_tilde, K, K_star, k_star_star, L=None):
         sSK[i, :] = sS[i] * K_star[i, :]
     v = solve_lower_matrix(L, sSK)                            # line 5: v := L\(S~^1/2 k(x_*))
     V_f_star = k_star_star - (v * v).sum(axis=0)              # line 6: V[f_*] := k(x_*, x_*) - v^T v  (3.61, 3.72)
+    if likelihood != "probit" and likelihood != "step":
+        raise ValueError("likelihood must be 'probit' or 'step' for EP")
+    noise = 1.0 if likelihood == "probit" else 0.0
     pi_bar_star = np.empty(f_bar_star.shape[0])
     for j in range(f_bar_star.shape[0]):
-        pi_bar_star[j] = std_normal_cdf(f_bar_star[j] / math.sqrt(1.0 + max(V_f_star[j], 0.0)))  # line 7 (3.63)
+        s = math.sqrt(noise + max(V_f_star[j], 0.0))
+        if s > 0.0:
+            P = std_normal_cdf(f_bar_star[j] / s)             # line 7 (3.63; K&G 25)
+        else:                                                 # no latent noise and V = 0: a step
+            P = 1.0 if f_bar_star[j] > 0.0 else 0.0
+        pi_bar_star[j] = eps + (1.0 - 2.0 * eps) * P          # (K&G 26)
     return pi_bar_star, f_bar_star, V_f_star                  # line 8
 
 
 @njit(cache=True)
-def ep_log_Z_grad(K, X, kernel, log_hyp, nu_tilde, tau_tilde, L):
+def ep_log_Z_grad(K, X, kernel, log_hyp, nu_tilde, tau_tilde, L, discrete=None):
     """Gradient of log Z_EP w.r.t. log_hyp at an EP fixed point (K&R eq. 51).
 
     d log Z_EP / d theta_j = 1/2 b^T dK b - 1/2 tr(R dK), with
     R = (K + S~^-1)^-1 = S~^1/2 B^-1 S~^1/2 (K&R 52) and b = R S~^-1 nu~ =
     nu~ - S~^1/2 L^T\\(L\\(S~^1/2 K nu~)) (as line 3 of Algorithm 3.6). The
     site parameters depend on theta too, but at a fixed point of EP those
-    terms vanish (Seeger 2005), so EP must be converged tightly.
+    terms vanish (Seeger 2005), so EP must be converged tightly. discrete:
+    optional flags of the discrete inputs (K&G 14), as given to kernel_matrix.
     """
     n = nu_tilde.shape[0]
     sS = np.sqrt(tau_tilde)
@@ -1600,7 +1665,7 @@ def ep_log_Z_grad(K, X, kernel, log_hyp, nu_tilde, tau_tilde, L):
     p = log_hyp.shape[0]
     grad = np.empty(p)
     for j in range(p):
-        dK = kernel_grad(kernel, X, log_hyp, K, j)
+        dK = kernel_grad(kernel, X, log_hyp, K, j, discrete)
         bDb, trRdK, _ = _gradient_terms(dK, R, b, b)
         grad[j] = 0.5 * bDb - 0.5 * trRdK                     # (K&R 51)
     return grad
@@ -1970,41 +2035,55 @@ def truncated_gaussian_mh(C, n_samples, step, seed=0, x0=None, thin=1):
 
 
 # ============================================================================
-# 8. EM-EP (Kim & Ghahramani section 3.3): the M-step's bound and gradient
+# 8. EM-EP (Kim & Ghahramani sections 3.3 and 4.2)
 # ============================================================================
 #
-# The E-step is ep(..., likelihood="step", eps=eps), which gives q(f) = N(h, A)
-# (K&G 27; h = mu, A = Sigma). The M-step maximises the Jensen bound F (K&G 29)
-# over the covariance hyperparameters with q held fixed, and updates eps.
+# Binary: the E-step is ep(..., likelihood="step", eps=eps), which gives
+# q(f) = N(h, A) (K&G 27; h = mu, A = Sigma). The M-step maximises the Jensen
+# bound F (K&G 29) over the covariance hyperparameters with q held fixed, by
+# the gradient K&G eq. 31, and updates eps in closed form.
+#
+# Multi-class (K&G 4.2): with one-hot Y (J, n) and y_i the class of case i, the
+# latents are the differences g_i^{y_i,j} = f_i^{y_i} - f_i^j, j != y_i: n (J - 1)
+# of them, ordered case by case and, within a case, by increasing j (K&G 45).
+# Their prior covariance is (K&G 43); the likelihood is prod_j H(g_i^{y_i,j})
+# (K&G 47), a step site of label +1 for every g, so the E-step is the binary
+# ep() on (K_g, y = +1) (K&G 48-49) and the M-step is eq. 31 for K_g, taken
+# back to the hyperparameters of c(x, x') through (K&G 43).
+#
+# Glossary: C the prior covariance c(X, X) (K&G 13) and Kg that of the
+# differences (K&G 43); alpha = C^-1 h (K&G 27); Q the (n, n) weights with
+# which eq. 31 is 1/2 sum_ik Q_ik dC_ik / d theta; F_cov = E_q[log p(f|X, theta)]
+# (K&G 56), the part of F that depends on the covariance hyperparameters.
 
 
 @njit(cache=True)
 def em_ep_bound(K, y, eps, mu, Sigma):
-    """The lower bound F of log p(y|X, Theta) under q(f) = N(mu, Sigma) (K&G eq. 29).
+    """The lower bound F of log p(y|X, Theta) under q(f) = N(mu, Sigma) (K&G eqs. 29, 56).
 
-    F = sum_i E_q[log(eps + (1 - 2 eps) H(y_i f_i))] + E_q[log N(f|0, K)] + H[q].
-    With P_i = q(y_i f_i > 0) = Phi(y_i mu_i / sqrt(Sigma_ii)) the first term is
-    sum_i P_i log(1 - eps) + (1 - P_i) log eps (-inf for eps = 0 unless q
-    puts no mass on a wrong sign). Returns (F, the covariance-dependent part
-    E_q[log N(f|0, K)]).
+    F = F_eps + F_cov + H(q): F_eps = sum_i E_q[log(eps + (1 - 2 eps) H(y_i f_i))],
+    F_cov = E_q[log N(f|0, K)] and the entropy H(q). With P_i = q(y_i f_i > 0) =
+    Phi(y_i mu_i / sqrt(Sigma_ii)), F_eps = sum_i P_i log(1 - eps) + (1 - P_i) log eps,
+    which is -inf for eps = 0: a Gaussian q puts mass on the wrong sign, where the
+    step likelihood is 0. The M-step for the covariance needs only F_cov (em_ep_grad).
     """
     _check_K_y(K, y)
     n = y.shape[0]
     LK = np.linalg.cholesky(K)
     LS = np.linalg.cholesky(Sigma)
     u = solve_lower(LK, mu)
-    C = solve_lower_matrix(LK, LS)
-    prior = (-0.5 * (u @ u) - 0.5 * (C * C).sum() - half_log_det(LK)
-             - 0.5 * n * math.log(2.0 * math.pi))            # E_q log N(f|0, K)
+    M = solve_lower_matrix(LK, LS)
+    F_cov = (-0.5 * (u @ u) - 0.5 * (M * M).sum() - half_log_det(LK)
+             - 0.5 * n * math.log(2.0 * math.pi))           # (K&G 56): h^T C^-1 h, tr(C^-1 A), log|2 pi C|
     entropy = half_log_det(LS) + 0.5 * n * (1.0 + math.log(2.0 * math.pi))
-    lik = 0.0
+    F_eps = 0.0
     for i in range(n):
         P = std_normal_cdf(y[i] * mu[i] / math.sqrt(Sigma[i, i]))
         if P > 0.0:
-            lik += P * math.log(1.0 - eps)
+            F_eps += P * math.log(1.0 - eps)
         if P < 1.0:
-            lik += (1.0 - P) * (math.log(eps) if eps > 0.0 else -np.inf)
-    return lik + prior + entropy, prior
+            F_eps += (1.0 - P) * (math.log(eps) if eps > 0.0 else -np.inf)
+    return F_eps + F_cov + entropy
 
 
 @njit(cache=True)
@@ -2023,33 +2102,433 @@ def em_ep_eps(y, mu, Sigma):
 
 
 @njit(cache=True)
-def em_ep_grad(K, X, kernel, log_hyp, mu, Sigma):
-    """dF/d log_hyp for fixed q = N(mu, Sigma): K&G eq. 31.
+def _em_ep_weights(K, mu, Sigma):
+    """F_cov = E_q[log N(f|0, K)] (K&G 56) and the weights Q of eq. 31.
 
-    1/2 alpha^T dC alpha - 1/2 tr(C^-1 dC) + 1/2 tr(C^-1 dC C^-1 A) with
-    C = K, alpha = C^-1 h, h = mu, A = Sigma; the d log_hyp chain rule is in
-    dC (kernel_grad). O(n^3) once, O(n^2) per hyperparameter.
+    With alpha = K^-1 mu (K&G 27), 1/2 alpha^T dK alpha - 1/2 tr(K^-1 dK)
+    + 1/2 tr(K^-1 dK K^-1 A) = 1/2 sum_ik Q_ik dK_ik for the symmetric
+    Q = alpha alpha^T - K^-1 + K^-1 A K^-1. O(n^3) once (a Cholesky, its
+    inverse, two products); each hyperparameter then costs O(n^2).
     """
+    n = K.shape[0]
     LK = np.linalg.cholesky(K)
-    alpha = solve_lower_transpose(LK, solve_lower(LK, mu))    # alpha = C^-1 h
-    Cinv = cholesky_inverse(LK)
-    G = Cinv @ Sigma @ Cinv - Cinv                            # C^-1 A C^-1 - C^-1, symmetric
+    alpha = solve_lower_transpose(LK, solve_lower(LK, mu))    # alpha = C^-1 h  (K&G 27)
+    Kinv = cholesky_inverse(LK)
+    KiA = Kinv @ Sigma
+    tr = 0.0
+    for i in range(n):
+        tr += KiA[i, i]                                       # tr(C^-1 A)
+    F_cov = (-0.5 * (mu @ alpha) - 0.5 * tr - half_log_det(LK)
+             - 0.5 * n * math.log(2.0 * math.pi))             # (K&G 56)
+    Q = KiA @ Kinv                                            # C^-1 A C^-1
+    for i in range(n):
+        for k in range(n):
+            Q[i, k] += alpha[i] * alpha[k] - Kinv[i, k]
+    return F_cov, Q
+
+
+@njit(cache=True, fastmath={"reassoc", "contract"})
+def _half_sum_product(Q, dK):
+    """1/2 sum_ik Q_ik dK_ik."""
+    s = 0.0
+    for i in range(Q.shape[0]):
+        for k in range(Q.shape[1]):
+            s += Q[i, k] * dK[i, k]
+    return 0.5 * s
+
+
+@njit(cache=True)
+def em_ep_grad(K, X, kernel, log_hyp, mu, Sigma, discrete=None):
+    """M-step of binary EM-EP: F_cov and its gradient in log_hyp, K&G eq. 31.
+
+    Parameters
+    ----------
+    K : ndarray, shape (n, n)
+        C = kernel_matrix(kernel, X, X, log_hyp, discrete) (K&G 13).
+    X, kernel, log_hyp, discrete :
+        As for kernel_matrix.
+    mu, Sigma : ndarray, shapes (n,), (n, n)
+        q(f) = N(h, A) from the E-step, held fixed (K&G 27).
+
+    Returns
+    -------
+    F_cov : float
+        E_q[log N(f|0, C)] (K&G 56), the part of F that depends on log_hyp.
+    grad : ndarray, shape (p,)
+        dF/d log_hyp: 1/2 alpha^T dC alpha - 1/2 tr(C^-1 dC) + 1/2 tr(C^-1 dC C^-1 A)
+        (K&G 31), the log chain rule inside dC (kernel_grad).
+    """
+    F_cov, Q = _em_ep_weights(K, mu, Sigma)
     p = log_hyp.shape[0]
     grad = np.empty(p)
     for j in range(p):
-        dC = kernel_grad(kernel, X, log_hyp, K, j)
-        aDa, trGdC, _ = _gradient_terms(dC, G, alpha, alpha)
-        grad[j] = 0.5 * aDa + 0.5 * trGdC                     # (K&G 31)
-    return grad
+        grad[j] = _half_sum_product(Q, kernel_grad(kernel, X, log_hyp, K, j, discrete))  # (K&G 31)
+    return F_cov, grad
+
+
+# --- multi-class: the difference latents of K&G section 4.2 -------------------
+
+
+@njit(cache=True)
+def _check_one_hot(Y):
+    J, n = Y.shape
+    if J < 2 or n == 0:
+        raise ValueError("Y must be one-hot of shape (J, n) with J >= 2 classes and n >= 1 cases")
+    for i in range(n):
+        s = 0.0
+        for c in range(J):
+            if Y[c, i] != 0.0 and Y[c, i] != 1.0:
+                raise ValueError("Y must be one-hot: entries 0 or 1")
+            s += Y[c, i]
+        if s != 1.0:
+            raise ValueError("Y must be one-hot: exactly one 1 in each column")
+
+
+@njit(cache=True)
+def difference_index(Y):
+    """The class y_i of each case and, for each latent g_i^{y_i,j} in K&G's order (45),
+    its case i and its class j. Returns y (n,), case (n (J-1),), cls (n (J-1),)."""
+    _check_one_hot(Y)
+    J, n = Y.shape
+    y = np.empty(n, np.int64)
+    for i in range(n):
+        for c in range(J):
+            if Y[c, i] == 1.0:
+                y[i] = c
+    N = n * (J - 1)
+    case = np.empty(N, np.int64)
+    cls = np.empty(N, np.int64)
+    a = 0
+    for i in range(n):
+        for j in range(J):
+            if j != y[i]:                                     # (K&G 45): g_i^{y_i,1}, ..., g_i^{y_i,J}, j != y_i
+                case[a] = i
+                cls[a] = j
+                a += 1
+    return y, case, cls
+
+
+@njit(cache=True)
+def _sign43(y_i, y_k, j, l):
+    """delta(y_i, y_k) - delta(y_i, l) - delta(y_k, j) + delta(j, l), the factor of (K&G 43)."""
+    return int(y_i == y_k) - int(y_i == l) - int(y_k == j) + int(j == l)
+
+
+@njit(cache=True)
+def difference_covariance(C, Y):
+    """Prior covariance of K&G's difference latents g (K&G 41-43), shape (n (J-1), n (J-1)).
+
+    Cov(g_i^{y_i,j}, g_k^{y_k,l}) = (delta(y_i, y_k) - delta(y_i, l) - delta(y_k, j)
+    + delta(j, l)) c(x_i, x_k), with C = c(X, X) (n, n) and Y one-hot (J, n).
+    """
+    y, case, cls = difference_index(Y)
+    if C.shape[0] != y.shape[0] or C.shape[1] != y.shape[0]:
+        raise ValueError("C must have shape (n, n) to match Y of shape (J, n)")
+    N = case.shape[0]
+    Kg = np.empty((N, N))
+    for a in range(N):
+        i = case[a]
+        j = cls[a]
+        for b in range(N):
+            k = case[b]
+            l = cls[b]
+            Kg[a, b] = _sign43(y[i], y[k], j, l) * C[i, k]     # (K&G 43)
+    return Kg
+
+
+@njit(cache=True)
+def ep_multiclass(C, Y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100):
+    """EP for multi-class GPC on K&G's difference latents (K&G eqs. 43, 47-49).
+
+    Parameters
+    ----------
+    C : ndarray, shape (n, n)
+        c(X, X), the covariance of each class's latent function (K&G 13, 38).
+    Y : ndarray, shape (J, n)
+        One-hot targets.
+    nu_tilde_init, tau_tilde_init, tol, max_sweeps :
+        As for ep, with n (J - 1) sites.
+
+    Returns
+    -------
+    EPResult of ep on the latents g (K&G 45): sites, log Z_EP, Sigma and mu of
+    q(g), L = cholesky(I + S~^1/2 Kg S~^1/2).
+
+    Notes
+    -----
+    Each t_(i,j)(g) = H(g_i^{y_i,j}) is a step site of label +1 (K&G 49), so
+    this is Algorithm 3.5 (ep, likelihood 'step', eps = 0) on Kg = (K&G 43):
+    O((n (J - 1))^3) per sweep. For J = 2, g_i = y_i (f_i^1 - f_i^2) with
+    covariance 2 y_i y_k c(x_i, x_k): the binary model (scaled by sqrt 2).
+    """
+    Kg = difference_covariance(C, Y)
+    ones = np.ones(Kg.shape[0])
+    return ep(Kg, ones, nu_tilde_init, tau_tilde_init, tol, max_sweeps, "natural", 0, "step", 0.0)
+
+
+@njit(cache=True)
+def _fold_differences(Qg, Y):
+    """(n, n) Q with sum_ab Qg_ab dKg_ab = sum_ik Q_ik dC_ik, by (K&G 43):
+    Q_ik = sum over the latents a of case i and b of case k of sign(a, b) Qg_ab."""
+    y, case, cls = difference_index(Y)
+    n = y.shape[0]
+    Q = np.zeros((n, n))
+    N = case.shape[0]
+    for a in range(N):
+        i = case[a]
+        j = cls[a]
+        for b in range(N):
+            k = case[b]
+            l = cls[b]
+            Q[i, k] += _sign43(y[i], y[k], j, l) * Qg[a, b]
+    return Q
+
+
+@njit(cache=True)
+def em_ep_grad_multiclass(C, Y, X, kernel, log_hyp, mu, Sigma, discrete=None):
+    """M-step of multi-class EM-EP: F_cov of q(g) and its gradient in log_hyp (K&G 31, 43).
+
+    C = kernel_matrix(kernel, X, X, log_hyp, discrete); Y one-hot (J, n); mu,
+    Sigma the E-step's q(g) = N(h, A) on the n (J - 1) difference latents.
+    Eq. 31 holds for Kg = (K&G 43); since dKg = sign(a, b) dC_ik, the sums
+    over latents fold onto cases (_fold_differences): O((n (J-1))^3) once,
+    O(n^2) per hyperparameter.
+    """
+    F_cov, Qg = _em_ep_weights(difference_covariance(C, Y), mu, Sigma)
+    Q = _fold_differences(Qg, Y)
+    p = log_hyp.shape[0]
+    grad = np.empty(p)
+    for j in range(p):
+        grad[j] = _half_sum_product(Q, kernel_grad(kernel, X, log_hyp, C, j, discrete))  # (K&G 31)
+    return F_cov, grad
+
+
+@njit(cache=True)
+def _ndtri(p):
+    """Phi^-1(p) for 0 < p < 1: Acklam's rational approximation (relative error
+    1.2e-9) refined by one Halley step on Phi(x) - p (to rounding level)."""
+    a0, a1, a2 = -3.969683028665376e01, 2.209460984245205e02, -2.759285104469687e02
+    a3, a4, a5 = 1.383577518672690e02, -3.066479806614716e01, 2.506628277459239e00
+    b0, b1, b2 = -5.447609879822406e01, 1.615858368580409e02, -1.556989798598866e02
+    b3, b4 = 6.680131188771972e01, -1.328068155288572e01
+    c0, c1, c2 = -7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e00
+    c3, c4, c5 = -2.549732539343734e00, 4.374664141464968e00, 2.938163982698783e00
+    d0, d1, d2, d3 = 7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e00, 3.754408661907416e00
+    if p < 0.02425:
+        q = math.sqrt(-2.0 * math.log(p))
+        x = (((((c0 * q + c1) * q + c2) * q + c3) * q + c4) * q + c5) / ((((d0 * q + d1) * q + d2) * q + d3) * q + 1.0)
+    elif p <= 1.0 - 0.02425:
+        q = p - 0.5
+        r = q * q
+        x = (((((a0 * r + a1) * r + a2) * r + a3) * r + a4) * r + a5) * q / (
+            ((((b0 * r + b1) * r + b2) * r + b3) * r + b4) * r + 1.0)
+    else:
+        q = math.sqrt(-2.0 * math.log1p(-p))
+        x = -(((((c0 * q + c1) * q + c2) * q + c3) * q + c4) * q + c5) / ((((d0 * q + d1) * q + d2) * q + d3) * q + 1.0)
+    if p <= 0.5:                                              # Halley step on Phi(x) - p,
+        e = std_normal_cdf(x) - p
+    else:                                                     # from the upper tail above 1/2
+        e = (1.0 - p) - 0.5 * math.erfc(x / _SQRT2)
+    u = e * math.sqrt(2.0 * math.pi) * math.exp(0.5 * x * x)
+    return x - u / (1.0 + 0.5 * x * u)
+
+
+_SQRT_PRIMES = np.sqrt(np.array([2.0, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61,
+                                 67, 71, 73, 79, 83, 89, 97, 101, 103, 107, 109, 113, 127]))
+
+
+_GL24_X, _GL24_W = np.polynomial.legendre.leggauss(24)
+
+
+@njit(cache=True)
+def _bivariate_normal_cdf(h, k, rho):
+    """Phi_2(h, k; rho) = P(x_1 < h, x_2 < k) for standard normals of correlation |rho| <= 0.925.
+
+    Drezner & Wesolowsky (1990): Phi(h) Phi(k) + 1/(2 pi) int_0^asin(rho)
+    exp(-(h^2 + k^2 - 2 h k sin t) / (2 cos^2 t)) dt, a smooth integrand on
+    that range, by a 24-point Gauss-Legendre rule.
+    """
+    top = math.asin(rho)
+    s = 0.0
+    for q in range(_GL24_X.shape[0]):
+        t = 0.5 * top * (_GL24_X[q] + 1.0)
+        st = math.sin(t)
+        ct2 = 1.0 - st * st
+        s += _GL24_W[q] * math.exp(-(h * h + k * k - 2.0 * h * k * st) / (2.0 * ct2))
+    return std_normal_cdf(h) * std_normal_cdf(k) + 0.5 * top * s / (2.0 * math.pi)
+
+
+@njit(cache=True)
+def orthant_probability(mean, cov, n_points=4000, n_shifts=8, seed=0):
+    """P(z > 0 in every coordinate) for z ~ N(mean, cov) of dimension k (K&G eq. 50).
+
+    k = 1: Phi(mean / sd). k = 2 with |correlation| <= 0.925 (J = 3 classes):
+    the bivariate normal cdf (_bivariate_normal_cdf), standard error 0.
+    Otherwise Genz's (1992) separation of variables with
+    cov = L L^T: P = E_w[e_1 e_2(w_1) ... e_k(w_1..w_k-1)], e_i = Phi((mean_i -
+    sum_j<i L_ij y_j) / L_ii), y_i = Phi^-1(w_i e_i), integrated over the unit cube
+    (k - 1 dimensions) by randomly shifted quasi-Monte Carlo points with the
+    baker's transform: s / n_points in the first coordinate (for k = 2, J = 3
+    classes, a midpoint rule of error O(n_points^-2)) and s sqrt(prime) in the
+    others (Richtmyer), n_shifts seeded shifts. Returns (P, its standard error
+    over the shifts).
+    """
+    k = mean.shape[0]
+    if cov.shape[0] != k or cov.shape[1] != k:
+        raise ValueError("cov must have shape (k, k) to match mean")
+    if k == 1:
+        return std_normal_cdf(mean[0] / math.sqrt(cov[0, 0])), 0.0
+    if k == 2:
+        s1 = math.sqrt(cov[0, 0])
+        s2 = math.sqrt(cov[1, 1])
+        rho = cov[0, 1] / (s1 * s2)
+        if abs(rho) <= 0.925:
+            return _bivariate_normal_cdf(mean[0] / s1, mean[1] / s2, rho), 0.0
+    if k - 2 > _SQRT_PRIMES.shape[0]:
+        raise ValueError("orthant_probability is for dimensions up to 32")
+    # P(z > 0) = P(x < mean) with x = mean - z ~ N(0, cov), x = L w, w ~ N(0, I)
+    L = _cholesky_psd(cov)
+    np.random.seed(seed)
+    y = np.empty(k)
+    est = np.empty(n_shifts)
+    for r in range(n_shifts):
+        shift = np.random.random(k - 1)
+        total = 0.0
+        for s in range(n_points):
+            f = 1.0
+            for i in range(k):
+                t = 0.0
+                for j in range(i):
+                    t += L[i, j] * y[j]
+                if L[i, i] > 0.0:
+                    e = std_normal_cdf((mean[i] - t) / L[i, i])
+                else:                                         # degenerate direction: a step
+                    e = 1.0 if mean[i] - t > 0.0 else 0.0
+                f *= e
+                if f == 0.0 or i == k - 1:
+                    break
+                u = (s / n_points if i == 0 else s * _SQRT_PRIMES[i - 1]) + shift[i]
+                u = abs(2.0 * (u - math.floor(u)) - 1.0)      # baker's transform of the lattice point
+                w = min(max(u * e, 1e-300), 1.0 - 1e-16)
+                y[i] = _ndtri(w) if L[i, i] > 0.0 else 0.0
+            total += f
+        est[r] = total / n_points
+    return est.mean(), est.std() / math.sqrt(max(n_shifts - 1, 1))
+
+
+@njit(cache=True)
+def ep_predict_multiclass(nu_tilde, tau_tilde, C, Y, K_star, k_star_star, L=None, n_points=1000,
+                          seed=0):
+    """Predictions of multi-class EP on difference latents (K&G eqs. 50-54; lines as Alg. 3.6).
+
+    Parameters
+    ----------
+    nu_tilde, tau_tilde : ndarray, shape (n (J-1),)
+        Sites from ep_multiclass.
+    C : ndarray, shape (n, n)
+        c(X, X).
+    Y : ndarray, shape (J, n)
+        One-hot training targets.
+    K_star : ndarray, shape (n, m)
+        c(X, x_*) for m test inputs.
+    k_star_star : ndarray, shape (m,)
+        c(x_*, x_*).
+    L : ndarray, optional
+        cholesky(I + S~^1/2 Kg S~^1/2) from ep_multiclass.
+    n_points, seed :
+        Lattice size and seed of orthant_probability.
+
+    Returns
+    -------
+    p : ndarray, shape (J, m)
+        p(y_* = c|x_*) as the (J-1)-dimensional orthant probability of
+        g_*^{c,l} = f_*^c - f_*^l > 0 for all l != c (K&G 50-51).
+    f_bar_star : ndarray, shape (J, m)
+        Predictive means of the J test latents f_*^c.
+    V_star : ndarray, shape (m, J, J)
+        Their predictive covariance.
+    label : ndarray, shape (m,)
+        The strict label of K&G eq. 54 (j* = the first class), from the
+        g_*^{1,l} of eq. 52.
+
+    Notes
+    -----
+    The test latents f_*^c are jointly Gaussian with g: Cov(f_*^c, g_k^{y_k,l}) =
+    (delta(c, y_k) - delta(c, l)) c(x_*, x_k). With b = (Kg + S~^-1)^-1 mu~ (the
+    alpha of K&G 27 and 52), their mean is A^T b and covariance
+    c(x_*, x_*) I - A^T (Kg + S~^-1)^-1 A (3.60-3.61 for J outputs). The
+    classes' orthant events partition the space, so p sums to 1 up to the
+    integration error. Eq. 54 picks the class with the largest f_bar_star.
+    """
+    y, case, cls = difference_index(Y)
+    J, n = Y.shape
+    N = case.shape[0]
+    m = K_star.shape[1]
+    if nu_tilde.shape[0] != N or tau_tilde.shape[0] != N:
+        raise ValueError("nu_tilde and tau_tilde must have n (J - 1) entries, as from ep_multiclass")
+    if K_star.shape[0] != n or k_star_star.shape[0] != m:
+        raise ValueError("K_star must have shape (n, m) and k_star_star shape (m,)")
+    Kg = difference_covariance(C, Y)
+    sS = np.sqrt(tau_tilde)
+    if L is None:
+        L = np.linalg.cholesky(_form_B(Kg, sS))               # line 2: L := cholesky(I + S~^1/2 Kg S~^1/2)
+    z = sS * solve_lower_transpose(L, solve_lower(L, sS * (Kg @ nu_tilde)))  # line 3
+    b = nu_tilde - z                                          # alpha of (K&G 52)
+    p = np.empty((J, m))
+    f_bar_star = np.empty((J, m))
+    V_star = np.empty((m, J, J))
+    label = np.empty(m, np.int64)
+    A = np.empty((N, J))
+    D = np.zeros((J - 1, J))
+    for t in range(m):
+        for a in range(N):
+            for c in range(J):
+                A[a, c] = (int(c == y[case[a]]) - int(c == cls[a])) * K_star[case[a], t]
+        fb = A.T @ b                                          # line 4: f_bar_* := A^T (nu~ - z)  (3.60)
+        f_bar_star[:, t] = fb
+        sSA = np.empty((N, J))
+        for a in range(N):
+            sSA[a, :] = sS[a] * A[a, :]
+        v = solve_lower_matrix(L, sSA)                        # line 5: v := L\(S~^1/2 A)
+        V = -(v.T @ v)                                        # line 6: V := c(x_*, x_*) I - v^T v  (3.61)
+        for c in range(J):
+            V[c, c] += k_star_star[t]
+        V_star[t] = V
+        for c in range(J):                                    # line 7: p(y_* = c) (K&G 50-51)
+            r = 0
+            for l in range(J):
+                if l != c:
+                    D[r, :] = 0.0
+                    D[r, c] = 1.0                             # g_*^{c,l} = f_*^c - f_*^l
+                    D[r, l] = -1.0
+                    r += 1
+            p[c, t] = orthant_probability(D @ fb, D @ V @ D.T, n_points, 8, seed)[0]
+        # (K&G 52) for m = the first class, then (K&G 54)
+        best = 0
+        all_positive = True
+        lowest = np.inf
+        for l in range(1, J):
+            g = 0.0
+            for a in range(N):
+                i = case[a]
+                j = cls[a]
+                g += b[a] * _sign43(y[i], 0, j, l) * K_star[i, t]   # (K&G 52), m = 0
+            if g <= 0.0:
+                all_positive = False
+            if g < lowest:
+                lowest = g
+                best = l
+        label[t] = 0 if all_positive else best
+    return p, f_bar_star, V_star, label
 
 
 # ============================================================================
 # 9. The Python layer (no numba): checks, GPClassifier, ML-II, grids, data
 # ============================================================================
 
-_KERNELS = ("se", "ard", "kg")
-_LIKELIHOODS = ("logistic", "probit")
-_METHODS = ("laplace", "ep")
+_KERNELS = ("se", "ard", "kg", "kg_iso")
+_LIKELIHOODS = ("logistic", "probit", "step")
+_METHODS = ("laplace", "ep", "emep")
 
 
 def _as_2d_float(X, name):
@@ -2083,12 +2562,37 @@ def _check_log_hyp(log_hyp, kernel, d, name="log_hyp"):
     p = n_hyp(kernel, d)
     if h.shape[0] != p:
         what = {"se": "(log l, log sf)", "ard": "(log v0, log v1, log w_1, ..., log w_d)",
-                "kg": "(log t0, log t1, log t2, log l_1, ..., log l_d)"}[kernel]
+                "kg": "(log t0, log t1, log t2, log l_1, ..., log l_d)",
+                "kg_iso": "(log t0, log t1, log t2, log l)"}[kernel]
         raise ValueError(f"{name} for kernel {kernel!r} on {d} inputs must have length {p} "
                          f"{what}, got length {h.shape[0]}")
     if not np.all(np.isfinite(h)):
         raise ValueError(f"{name} must be finite, got {h}")
     return np.ascontiguousarray(h)
+
+
+def discrete_flags(discrete, d, name="discrete"):
+    """The discrete inputs (K&G 14) as a boolean (d,) array, or None if there are none.
+
+    discrete: None, a boolean mask of length d, or the indices of the
+    discrete columns.
+    """
+    if discrete is None:
+        return None
+    a = np.asarray(discrete)
+    if a.dtype == bool:
+        if a.shape != (d,):
+            raise ValueError(f"{name} as a boolean mask must have one entry per input column ({d}), "
+                             f"got shape {a.shape}")
+        mask = a.copy()
+    else:
+        if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+            raise ValueError(f"{name} must be a boolean mask or a list of column indices, got {discrete!r}")
+        if a.size and (a.min() < -d or a.max() >= d):
+            raise ValueError(f"{name} has a column index out of range for {d} inputs: {a.tolist()}")
+        mask = np.zeros(d, bool)
+        mask[a] = True
+    return np.ascontiguousarray(mask) if mask.any() else None
 
 
 def class_labels(y, name="y"):
@@ -2134,12 +2638,16 @@ def binary_labels(y, name="y"):
 
 
 def default_log_hyp(kernel, X):
-    """A neutral starting point: unit length-scale and signal variance."""
+    """A neutral starting point: unit length-scale and signal variance.
+
+    For K&G's covariance ("kg", "kg_iso") their starting point (K&G footnote
+    11): t0 = 1, t1 = 1e-4, t2 = 1e-3, l_m = 0.05.
+    """
     d = X.shape[1]
     if kernel == "se":
         return np.zeros(2)
-    if kernel == "kg":
-        return np.concatenate([[0.0, np.log(0.1), 0.0], np.zeros(d)])
+    if kernel in ("kg", "kg_iso"):
+        return np.log(np.concatenate([[1.0, 1e-4, 1e-3], np.full(d if kernel == "kg" else 1, 0.05)]))
     return np.concatenate([[0.0, np.log(0.1)], np.zeros(d)])
 
 
@@ -2152,8 +2660,9 @@ def default_bounds(kernel, d):
     cap = 0.5 * np.log(1e5)
     if kernel == "se":
         return [(-10.0, 10.0), (-10.0, cap)]
-    if kernel == "kg":
-        return [(-10.0, np.log(1e5)), (-15.0, np.log(1e5)), (-15.0, np.log(1e5))] + [(-20.0, 10.0)] * d
+    if kernel in ("kg", "kg_iso"):
+        return ([(-10.0, np.log(1e5)), (-15.0, np.log(1e5)), (-15.0, np.log(1e5))]
+                + [(-20.0, 10.0)] * (d if kernel == "kg" else 1))
     return [(-10.0, np.log(1e5)), (-15.0, np.log(1e5))] + [(-20.0, 10.0)] * d
 
 
@@ -2168,27 +2677,28 @@ def _mode_or_raise(K, y, likelihood, a_init=None):
 
 
 def laplace_evidence(X, y, log_hyp, kernel="se", likelihood="logistic", a_init=None,
-                     eval_gradient=True):
+                     eval_gradient=True, discrete=None):
     """Laplace log q(y|X, theta) (3.32) and its gradient in log_hyp (K&R 42-47).
 
-    y must be -1/+1. Returns (log_q, grad, mode) with mode the LaplaceMode of
-    laplace_mode (grad is None unless eval_gradient).
+    y must be -1/+1; discrete: flags of the discrete inputs (K&G 14) or None.
+    Returns (log_q, grad, mode) with mode the LaplaceMode of laplace_mode
+    (grad is None unless eval_gradient).
     """
-    K = kernel_matrix(kernel, X, X, log_hyp)
+    K = kernel_matrix(kernel, X, X, log_hyp, discrete)
     mode = _mode_or_raise(K, y, likelihood, a_init)
     grad = None
     if eval_gradient:
         grad = laplace_log_q_grad(K, X, kernel, log_hyp, y, likelihood,
-                                  mode.f_hat, mode.a, mode.L)
+                                  mode.f_hat, mode.a, mode.L, discrete)
     return mode.log_q, grad, mode
 
 
-def multiclass_evidence(X, Y, log_hyp, kernel="se", a_init=None, eval_gradient=True):
+def multiclass_evidence(X, Y, log_hyp, kernel="se", a_init=None, eval_gradient=True, discrete=None):
     """Multi-class Laplace log q (3.44) and its gradient, log_hyp of shape (C, p).
 
     Y is one-hot (C, n). Returns (log_q, grad (C, p) or None, MultiLaplaceMode).
     """
-    K = np.stack([kernel_matrix(kernel, X, X, h) for h in log_hyp])
+    K = np.stack([kernel_matrix(kernel, X, X, h, discrete) for h in log_hyp])
     try:
         mode = laplace_mode_multiclass(K, Y, a_init)
     except np.linalg.LinAlgError:
@@ -2197,7 +2707,7 @@ def multiclass_evidence(X, Y, log_hyp, kernel="se", a_init=None, eval_gradient=T
     grad = None
     if eval_gradient:
         grad = laplace_log_q_grad_multiclass(K, X, kernel, log_hyp, Y, mode.f_hat, mode.a,
-                                             mode.E, mode.M)
+                                             mode.E, mode.M, discrete)
     return mode.log_q, grad, mode
 
 
@@ -2215,25 +2725,31 @@ def _warn_not_converged(result, where):
 
 
 def evidence(X, y, log_hyp, kernel="se", likelihood="logistic", method="laplace", warm=None,
-             eval_gradient=True):
+             eval_gradient=True, discrete=None, eps=0.0):
     """Approximate log evidence and gradient by `method`: laplace_evidence or ep_evidence.
 
     warm is the warm start returned by the previous call (or None).
-    For y of shape (C, n) (one-hot) the multi-class Laplace evidence, with
-    log_hyp of shape (C, p). Returns (value, grad, result, warm).
+    For y of shape (C, n) (one-hot): the multi-class Laplace evidence, with
+    log_hyp of shape (C, p), or for method 'ep' or 'emep' the multi-class EP
+    evidence on K&G's difference latents (multiclass_ep_evidence). 'emep'
+    evaluates the same EP evidence as 'ep' (EM-EP's fixed point is a
+    stationary point of it, K&G Theorem 1). Returns (value, grad, result, warm).
     """
     if np.ndim(y) == 2:
-        v, g, res = multiclass_evidence(X, y, log_hyp, kernel, warm, eval_gradient)
+        if method in ("ep", "emep"):
+            v, g, res = multiclass_ep_evidence(X, y, log_hyp, kernel, warm, eval_gradient, discrete)
+            return v, g, res, (res.nu_tilde, res.tau_tilde)
+        v, g, res = multiclass_evidence(X, y, log_hyp, kernel, warm, eval_gradient, discrete)
         return v, g, res, res.a
     if method == "laplace":
-        v, g, res = laplace_evidence(X, y, log_hyp, kernel, likelihood, warm, eval_gradient)
+        v, g, res = laplace_evidence(X, y, log_hyp, kernel, likelihood, warm, eval_gradient, discrete)
         return v, g, res, res.a
-    v, g, res = ep_evidence(X, y, log_hyp, kernel, warm, eval_gradient)
+    v, g, res = ep_evidence(X, y, log_hyp, kernel, warm, eval_gradient, discrete, likelihood, eps)
     return v, g, res, (res.nu_tilde, res.tau_tilde)
 
 
 def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_iter=200,
-        method="laplace", hyp_prior=None):
+        method="laplace", hyp_prior=None, discrete=None, eps=0.0):
     """ML-II: maximise the approximate log evidence over log_hyp by L-BFGS-B.
 
     Uses the analytic gradient (K&R 42-47 for Laplace, K&R 51 for EP); each
@@ -2242,11 +2758,13 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
     or (C, p), one set per class; bounds are given for one set of p.
     hyp_prior = (mean, sd) adds an independent Gaussian prior on every
     log-hyperparameter: maximum penalised likelihood (Williams & Barber use
-    N(-3, 3^2)). Returns (log_hyp, log evidence (plus log prior), result).
+    N(-3, 3^2)). discrete: flags of the discrete inputs (K&G 14); eps: the
+    labelling noise of likelihood 'step' (K&G 10), held fixed. Returns
+    (log_hyp, log evidence (plus log prior), result).
     """
     from scipy.optimize import minimize
 
-    multi = np.ndim(y) == 2
+    multi = np.ndim(y) == 2 and method == "laplace"   # per-class hyperparameters (C, p) possible
     shape = np.shape(log_hyp0)
     if bounds is None:
         bounds = default_bounds(kernel, X.shape[1])
@@ -2266,7 +2784,8 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
     state = {"warm": None}
 
     def neg(x):
-        v, g, _, state["warm"] = evidence(X, y, unpack(x), kernel, likelihood, method, state["warm"])
+        v, g, _, state["warm"] = evidence(X, y, unpack(x), kernel, likelihood, method, state["warm"],
+                                          True, discrete, eps)
         if not np.isfinite(v):
             return np.inf, np.zeros_like(x)
         g = pack_grad(g)
@@ -2289,59 +2808,87 @@ class GPClassifier:
     """Gaussian-process classifier in the scikit-learn style.
 
     Two classes: binary GPC with the logistic or probit likelihood by Laplace
-    (GPML 3.4) or EP (GPML 3.6). More than two classes: the softmax model by
-    the multi-class Laplace approximation (GPML 3.5).
+    (GPML 3.4), with the probit or K&G's labelling-noise step likelihood by EP
+    (GPML 3.6; K&G 10), hyperparameters by ML-II, or by EM-EP (K&G 3.3).
+    More than two classes: the softmax model by the multi-class Laplace
+    approximation (GPML 3.5), or K&G's model on difference latents by EP
+    (K&G 4.2), with hyperparameters by EM-EP (method 'emep') or ML-II on
+    log Z_EP (method 'ep').
 
     Parameters
     ----------
-    kernel : {'se', 'ard'}
-        Squared exponential (GPML section 3.7) or Williams & Barber's ARD form
-        with a bias (W&B 4); see section 2 of the module for log_hyp.
-    likelihood : {'logistic', 'probit'}
+    kernel : {'se', 'ard', 'kg', 'kg_iso'}, optional
+        Squared exponential (GPML section 3.7), Williams & Barber's ARD form
+        with a bias (W&B 4), or Kim & Ghahramani's covariance with bias and
+        latent noise (K&G 13) with one inverse length-scale per input ('kg',
+        ARD on: K&G's "(m)" models) or one for all ('kg_iso', ARD off: "(s)");
+        see section 2 of the module for log_hyp. Default: 'se', or 'kg' for
+        method 'emep'.
+    likelihood : {'logistic', 'probit', 'step'}, optional
+        'step' is K&G's eps + (1 - 2 eps) H(y f) (K&G 10), for EP and EM-EP.
         For more than two classes 'logistic' means its generalisation, the
-        softmax (3.34).
-    method : {'laplace', 'ep'}
-        Approximate inference: Laplace (GPML 3.4) or expectation propagation
-        (GPML 3.6, probit likelihood only).
+        softmax (3.34), and 'step' the product of steps (K&G 47). Default:
+        'logistic' for Laplace, 'probit' for EP, 'step' for EM-EP.
+    method : {'laplace', 'ep', 'emep'}
+        Laplace (GPML 3.4, 3.5), expectation propagation with ML-II (GPML
+        3.6; K&G 4.2 for more than two classes), or EP with EM-EP learning of
+        the hyperparameters (K&G; em_ep).
     log_hyp : array-like, optional
-        Log-hyperparameters; the starting point of ML-II if `optimize`,
-        otherwise used as they are. Default: unit length-scales and signal
-        variance.
+        Log-hyperparameters; the starting point of ML-II or EM-EP if
+        `optimize`, otherwise used as they are. Default: default_log_hyp (unit
+        length-scales and signal variance; K&G's footnote 11 for 'kg', 'kg_iso').
     optimize : bool
-        Fit log_hyp by ML-II (maximising the approximate log evidence).
+        Fit log_hyp by ML-II (maximising the approximate log evidence) or, for
+        method 'emep', by EM-EP.
     bounds : list of (low, high), optional
-        Box bounds for ML-II in log space (default_bounds).
+        Box bounds for ML-II or the M-step in log space (default_bounds).
     n_restarts : int
-        Extra ML-II runs from random starts within `bounds`; the best is kept.
+        Extra ML-II or EM-EP runs from random starts within `bounds`; the one
+        of largest evidence is kept.
     random_state : int
         Seed for the restarts and for the Monte Carlo predictions of the
-        multi-class model.
+        multi-class Laplace model.
     shared_hyp : bool
-        Multi-class only: one set of hyperparameters for all C latent
+        Multi-class Laplace only: one set of hyperparameters for all C latent
         functions (default) or one per class (as Williams & Barber).
     n_samples : int
-        Multi-class only: Monte Carlo samples per test case (Algorithm 3.4).
+        Multi-class Laplace only: Monte Carlo samples per test case (Algorithm 3.4).
     hyp_prior : (mean, sd), optional
         Gaussian prior on every log-hyperparameter: ML-II becomes maximum
-        penalised likelihood (Williams & Barber: (-3, 3)).
+        penalised likelihood (Williams & Barber: (-3, 3)). Not for 'emep'.
     max_iter : int
-        Iterations of the ML-II optimiser.
+        Iterations of the ML-II optimiser, or EM rounds of EM-EP.
+    discrete : array-like, optional
+        The discrete inputs, as column indices or a boolean mask: their
+        distance is 1 - delta(x^m, x'^m) instead of (x^m - x'^m)^2 (K&G 14).
+    eps : float
+        Labelling noise of the 'step' likelihood (K&G 10), in [0, 0.5): held
+        fixed, or the starting value if learn_eps. K&G's experiments use 0.
+    learn_eps : bool
+        Method 'emep', two classes: update eps in each M-step (em_ep_eps).
+    tol : float
+        Method 'emep': convergence of EM-EP, in nats (em_ep).
 
     Attributes (after fit)
     ----------------------
     classes_ : the labels; for two classes classes_[1] is class +1.
+    kernel_, likelihood_ : the covariance function and likelihood used.
     log_hyp_ : fitted log-hyperparameters: (p,), or (C, p) for a multi-class
-        model with shared_hyp=False.
-    log_marginal_likelihood_ : approximate log evidence at log_hyp_.
+        Laplace model with shared_hyp=False.
+    log_marginal_likelihood_ : approximate log evidence at log_hyp_ (log q for
+        Laplace, log Z_EP for EP and EM-EP).
     f_hat_ : posterior mode of the training latents (Laplace).
-    n_iter_ : Newton steps of the last mode search (Laplace).
-    nu_tilde_, tau_tilde_ : natural site parameters (EP).
-    result_ : the LaplaceMode or EPResult at log_hyp_.
+    n_iter_ : Newton steps of the last mode search (Laplace), EM rounds (EM-EP).
+    nu_tilde_, tau_tilde_ : natural site parameters (EP, EM-EP).
+    eps_ : the labelling noise used (EP, EM-EP).
+    emep_ : the EMEPResult of em_ep, with the histories of log Z_EP and F.
+    result_ : the LaplaceMode, MultiLaplaceMode or EPResult at log_hyp_.
     """
 
-    def __init__(self, kernel="se", likelihood="logistic", method="laplace", log_hyp=None,
+    def __init__(self, kernel=None, likelihood=None, method="laplace", log_hyp=None,
                  optimize=True, bounds=None, n_restarts=0, random_state=0, shared_hyp=True,
-                 n_samples=2000, hyp_prior=None, max_iter=200):
+                 n_samples=2000, hyp_prior=None, max_iter=200, discrete=None, eps=0.0,
+                 learn_eps=False, tol=1e-4):
         self.kernel = kernel
         self.likelihood = likelihood
         self.method = method
@@ -2354,20 +2901,41 @@ class GPClassifier:
         self.n_samples = n_samples
         self.hyp_prior = hyp_prior
         self.max_iter = max_iter
+        self.discrete = discrete
+        self.eps = eps
+        self.learn_eps = learn_eps
+        self.tol = tol
+
+    _DEFAULT_LIKELIHOOD = {"laplace": "logistic", "ep": "probit", "emep": "step"}
+    _METHOD_LIKELIHOODS = {"laplace": ("logistic", "probit"), "ep": ("probit", "step"),
+                           "emep": ("step",)}
 
     def _check_params(self):
-        _check_choice(self.kernel, "kernel", _KERNELS)
-        _check_choice(self.likelihood, "likelihood", _LIKELIHOODS)
         _check_choice(self.method, "method", _METHODS)
-        if self.method == "ep" and self.likelihood != "probit":
-            raise ValueError("method 'ep' needs likelihood 'probit' (the site moments 3.58 "
-                             f"are for the cumulative Gaussian), got likelihood={self.likelihood!r}")
+        self.kernel_ = _check_choice(self.kernel if self.kernel is not None else
+                                     ("kg" if self.method == "emep" else "se"), "kernel", _KERNELS)
+        self.likelihood_ = _check_choice(self.likelihood if self.likelihood is not None else
+                                         self._DEFAULT_LIKELIHOOD[self.method], "likelihood",
+                                         _LIKELIHOODS)
+        allowed = self._METHOD_LIKELIHOODS[self.method]
+        if self.likelihood_ not in allowed:
+            raise ValueError(f"method {self.method!r} needs likelihood "
+                             f"{' or '.join(map(repr, allowed))}, got likelihood={self.likelihood_!r}")
         if not isinstance(self.n_restarts, (int, np.integer)) or self.n_restarts < 0:
             raise ValueError(f"n_restarts must be a non-negative integer, got {self.n_restarts!r}")
         if self.hyp_prior is not None and (len(self.hyp_prior) != 2 or not self.hyp_prior[1] > 0):
             raise ValueError(f"hyp_prior must be (mean, sd) with sd > 0, got {self.hyp_prior!r}")
+        if self.hyp_prior is not None and self.method == "emep":
+            raise ValueError("hyp_prior is for ML-II; EM-EP maximises the evidence bound without a prior")
         if not isinstance(self.n_samples, (int, np.integer)) or self.n_samples < 1:
             raise ValueError(f"n_samples must be a positive integer, got {self.n_samples!r}")
+        if not (isinstance(self.eps, (int, float, np.floating)) and 0.0 <= self.eps < 0.5):
+            raise ValueError(f"eps must be a number in [0, 0.5), got {self.eps!r}")
+        if self.eps != 0.0 and self.likelihood_ != "step":
+            raise ValueError(f"eps is the labelling noise of likelihood 'step', got likelihood="
+                             f"{self.likelihood_!r} with eps={self.eps}")
+        if self.learn_eps and self.method != "emep":
+            raise ValueError("learn_eps is for method 'emep'")
 
     def fit(self, X, y):
         """Fit the hyperparameters (if optimize) and the approximate posterior."""
@@ -2378,64 +2946,97 @@ class GPClassifier:
             raise ValueError(f"X and y must have the same number of samples, "
                              f"got {X.shape[0]} and {idx.shape[0]}")
         C = self.classes_.shape[0]
-        self.multiclass_ = C > 2
-        if self.multiclass_ and (self.method != "laplace" or self.likelihood != "logistic"):
-            raise ValueError(f"y has {C} classes: the multi-class model is the softmax with "
-                             "method='laplace', likelihood='logistic' (GPML 3.5), got "
-                             f"method={self.method!r}, likelihood={self.likelihood!r}")
-        y_pm = one_hot(idx, C) if self.multiclass_ else np.where(idx == 1, 1.0, -1.0)
         d = X.shape[1]
+        self.multiclass_ = C > 2
+        self.discrete_ = discrete_flags(self.discrete, d)
+        if self.multiclass_:
+            if self.method == "laplace" and self.likelihood_ != "logistic":
+                raise ValueError(f"y has {C} classes: the multi-class Laplace model is the softmax "
+                                 f"(GPML 3.5), likelihood='logistic', got {self.likelihood_!r}")
+            if self.method != "laplace" and self.likelihood_ != "step":
+                raise ValueError(f"y has {C} classes: multi-class EP is Kim & Ghahramani's model on "
+                                 f"difference latents, likelihood='step', got {self.likelihood_!r}")
+            if self.method != "laplace" and (self.eps != 0.0 or self.learn_eps):
+                raise ValueError(f"y has {C} classes: multi-class EP has eps = 0 (K&G 47)")
+            if self.method != "laplace" and not self.shared_hyp:
+                raise ValueError("multi-class EP has one covariance function for all classes "
+                                 "(K&G 38): shared_hyp must be True")
+        per_class = self.multiclass_ and self.method == "laplace" and not self.shared_hyp
+        y_t = one_hot(idx, C) if self.multiclass_ else np.where(idx == 1, 1.0, -1.0)
         if self.log_hyp is None:
-            h0 = default_log_hyp(self.kernel, X)
-            if self.multiclass_ and not self.shared_hyp:
+            h0 = default_log_hyp(self.kernel_, X)
+            if per_class:
                 h0 = np.tile(h0, (C, 1))
-        elif self.multiclass_ and not self.shared_hyp:
+        elif per_class:
             h0 = np.asarray(self.log_hyp, dtype=float)
             if h0.ndim == 1:
                 h0 = np.tile(h0, (C, 1))
             if h0.shape[0] != C:
                 raise ValueError(f"log_hyp for shared_hyp=False must have one row per class "
                                  f"({C}), got shape {h0.shape}")
-            h0 = np.stack([_check_log_hyp(h, self.kernel, d) for h in h0])
+            h0 = np.stack([_check_log_hyp(h, self.kernel_, d) for h in h0])
         else:
-            h0 = _check_log_hyp(self.log_hyp, self.kernel, d)
+            h0 = _check_log_hyp(self.log_hyp, self.kernel_, d)
+        self.eps_ = float(self.eps)
+        self.emep_ = None
+        res = None
         if self.optimize:
-            bounds = self.bounds if self.bounds is not None else default_bounds(self.kernel, d)
-            best_h, best_lq, _ = ml2(X, y_pm, h0, self.kernel, self.likelihood, bounds,
-                                     self.max_iter, self.method, self.hyp_prior)
+            bounds = self.bounds if self.bounds is not None else default_bounds(self.kernel_, d)
+
+            def run(start):
+                if self.method == "emep":
+                    out = em_ep(X, self.classes_[idx], start, self.kernel_, self.eps, self.learn_eps,
+                                self.max_iter, self.tol, bounds, discrete=self.discrete_)
+                    return out.log_hyp, out.result.log_Z, out
+                h, v, _ = ml2(X, y_t, start, self.kernel_, self.likelihood_, bounds, self.max_iter,
+                              self.method, self.hyp_prior, self.discrete_, self.eps)
+                return h, v, None
+
+            best = run(h0)
             rng = np.random.default_rng(self.random_state)
             for _ in range(self.n_restarts):
                 start = np.array([rng.uniform(lo, hi) for lo, hi in bounds])
                 start = np.broadcast_to(start, h0.shape).copy() if h0.ndim == 2 else start
-                h, lq, _ = ml2(X, y_pm, start, self.kernel, self.likelihood, bounds,
-                               self.max_iter, self.method, self.hyp_prior)
-                if lq > best_lq:
-                    best_h, best_lq = h, lq
-            h0 = best_h
+                trial = run(start)
+                if trial[1] > best[1]:
+                    best = trial
+            h0, _, self.emep_ = best
+            if self.emep_ is not None:
+                self.eps_ = float(self.emep_.eps)
+                res = self.emep_.result
         self.log_hyp_ = np.ascontiguousarray(h0, dtype=float)
         self.X_train_ = X
-        self.y_train_ = y_pm
-        v, _, res, _ = evidence(X, y_pm, self._class_hyp(self.log_hyp_), self.kernel,
-                                self.likelihood, self.method, None, False)
-        if self.multiclass_:
-            self.K_ = np.stack([kernel_matrix(self.kernel, X, X, h)
+        self.y_train_ = y_t
+        if res is None:
+            _, _, res, _ = evidence(X, y_t, self._class_hyp(self.log_hyp_), self.kernel_,
+                                    self.likelihood_, self.method, None, False, self.discrete_,
+                                    self.eps_)
+        if self.multiclass_ and self.method == "laplace":
+            self.K_ = np.stack([kernel_matrix(self.kernel_, X, X, h, self.discrete_)
                                 for h in self._class_hyp(self.log_hyp_)])
         else:
-            self.K_ = kernel_matrix(self.kernel, X, X, self.log_hyp_)
+            self.K_ = kernel_matrix(self.kernel_, X, X, self.log_hyp_, self.discrete_)
         _warn_not_converged(res, "GPClassifier.fit")
+        if self.emep_ is not None and not self.emep_.converged:
+            warnings.warn(f"GPClassifier.fit: EM-EP did not converge in {self.emep_.n_iter} rounds "
+                          f"(tol {self.tol}); the last hyperparameters are used", RuntimeWarning,
+                          stacklevel=2)
         self.result_ = res
         if self.method == "laplace":
             self.f_hat_ = res.f_hat
             self.n_iter_ = res.n_iter
+            self.log_marginal_likelihood_ = float(res.log_q)
         else:
             self.nu_tilde_ = res.nu_tilde
             self.tau_tilde_ = res.tau_tilde
-        self.log_marginal_likelihood_ = float(v)
+            self.log_marginal_likelihood_ = float(res.log_Z)
+            if self.emep_ is not None:
+                self.n_iter_ = self.emep_.n_iter
         return self
 
     def _class_hyp(self, h):
-        """Log-hyperparameters as the numba layer wants them: (C, p) for multi-class."""
-        if not self.multiclass_:
+        """Log-hyperparameters as the numba layer wants them: (C, p) for multi-class Laplace."""
+        if not self.multiclass_ or self.method != "laplace":
             return h
         return np.tile(h, (self.classes_.shape[0], 1)) if h.ndim == 1 else h
 
@@ -2455,7 +3056,8 @@ class GPClassifier:
         """Latent predictive mean and variance at the rows of X.
 
         Binary: mean (3.21 / 3.60) and variance (3.24 / 3.61), each (m,).
-        Multi-class: means (3.41), shape (m, C), and covariances (3.43), (m, C, C).
+        Multi-class: means (3.41; K&G 51), shape (m, C), and covariances
+        (3.43), (m, C, C).
         """
         _, f_bar, V = self._predict(X, "average")
         if self.multiclass_:
@@ -2464,31 +3066,40 @@ class GPClassifier:
 
     def _predict(self, X, rule):
         X = self._X_test(X)
+        disc = self.discrete_
         if self.multiclass_:
             hyp = self._class_hyp(self.log_hyp_)
-            K_star = np.stack([kernel_matrix(self.kernel, self.X_train_, X, h) for h in hyp])
-            kss = np.stack([kernel_diag(self.kernel, X, h) for h in hyp])
+            if self.method != "laplace":
+                K_star = kernel_matrix(self.kernel_, self.X_train_, X, hyp, disc)
+                kss = kernel_diag(self.kernel_, X, hyp)
+                p, f_bar, V, _ = ep_predict_multiclass(self.nu_tilde_, self.tau_tilde_, self.K_,
+                                                       self.y_train_, K_star, kss, self.result_.L)
+                return p, f_bar, V
+            K_star = np.stack([kernel_matrix(self.kernel_, self.X_train_, X, h, disc) for h in hyp])
+            kss = np.stack([kernel_diag(self.kernel_, X, h) for h in hyp])
             return laplace_predict_multiclass(self.K_, self.y_train_, self.result_.f_hat, K_star,
                                               kss, self.n_samples, self.random_state,
                                               self.result_.E, self.result_.M)
-        K_star = kernel_matrix(self.kernel, self.X_train_, X, self.log_hyp_)
-        kss = kernel_diag(self.kernel, X, self.log_hyp_)
-        if self.method == "ep":
+        K_star = kernel_matrix(self.kernel_, self.X_train_, X, self.log_hyp_, disc)
+        kss = kernel_diag(self.kernel_, X, self.log_hyp_)
+        if self.method != "laplace":
             p, f_bar, V = ep_predict(self.nu_tilde_, self.tau_tilde_, self.K_, K_star, kss,
-                                     self.result_.L)
+                                     self.result_.L, self.likelihood_, self.eps_)
             if rule == "map":
                 from scipy.special import ndtr
-                p = ndtr(f_bar)
+                P = ndtr(f_bar) if self.likelihood_ == "probit" else (f_bar > 0).astype(float)
+                p = self.eps_ + (1.0 - 2.0 * self.eps_) * P
             return p, f_bar, V
-        return laplace_predict(self.f_hat_, self.K_, self.y_train_, self.likelihood,
+        return laplace_predict(self.f_hat_, self.K_, self.y_train_, self.likelihood_,
                                K_star, kss, rule, self.result_.L)
 
     def predict_proba(self, X, rule="average"):
         """Class probabilities, shape (m, C), columns in the order of classes_.
 
         Binary, rule: 'average' (3.25, default), 'map' or 'mackay' (section
-        3.4.2). Multi-class: Monte Carlo averages of the softmax (Algorithm
-        3.4) with n_samples samples, seeded by random_state.
+        3.4.2). Multi-class Laplace: Monte Carlo averages of the softmax
+        (Algorithm 3.4) with n_samples samples, seeded by random_state.
+        Multi-class EP: the orthant probabilities of K&G eq. 50.
         """
         _check_choice(rule, "rule", ("average", "map", "mackay"))
         self._check_fitted()
@@ -2497,7 +3108,7 @@ class GPClassifier:
                 raise ValueError("rule must be 'average' for a multi-class model")
             p, _, _ = self._predict(X, rule)
             return p.T.copy()
-        if rule == "mackay" and self.likelihood != "logistic":
+        if rule == "mackay" and self.likelihood_ != "logistic":
             raise ValueError("rule 'mackay' is for the logistic likelihood")
         p, _, _ = self._predict(X, rule)
         return np.column_stack([1.0 - p, p])
@@ -2525,12 +3136,13 @@ class GPClassifier:
         if log_hyp is None:
             h = self.log_hyp_
         elif self.log_hyp_.ndim == 2:
-            h = np.stack([_check_log_hyp(r, self.kernel, d) for r in np.asarray(log_hyp, dtype=float)])
+            h = np.stack([_check_log_hyp(r, self.kernel_, d) for r in np.asarray(log_hyp, dtype=float)])
         else:
-            h = _check_log_hyp(log_hyp, self.kernel, d)
-        v, g, _, _ = evidence(self.X_train_, self.y_train_, self._class_hyp(h), self.kernel,
-                              self.likelihood, self.method, None, eval_gradient)
-        if eval_gradient and self.multiclass_ and h.ndim == 1:
+            h = _check_log_hyp(log_hyp, self.kernel_, d)
+        v, g, _, _ = evidence(self.X_train_, self.y_train_, self._class_hyp(h), self.kernel_,
+                              self.likelihood_, self.method, None, eval_gradient, self.discrete_,
+                              self.eps_)
+        if eval_gradient and self.multiclass_ and self.method == "laplace" and h.ndim == 1:
             g = g.sum(axis=0)  # shared hyperparameters: sum of the per-class gradients
         return (v, g) if eval_gradient else v
 
@@ -2569,25 +3181,47 @@ def exact_log_evidence_probit(K, y, releps=1e-5, abseps=1e-14, maxpts=None):
     return float(np.log(p))
 
 
-def ep_evidence(X, y, log_hyp, kernel="se", sites=None, eval_gradient=True):
-    """EP log Z_EP (3.65) and its gradient in log_hyp (K&R 51) for the probit model.
+_NOT_PSD_EP = ("K is not positive semidefinite: B = I + S^1/2 K S^1/2 has no Cholesky factor; "
+               "check the covariance function and its hyperparameters")
+
+
+def ep_evidence(X, y, log_hyp, kernel="se", sites=None, eval_gradient=True, discrete=None,
+                likelihood="probit", eps=0.0):
+    """EP log Z_EP (3.65) and its gradient in log_hyp (K&R 51).
 
     y must be -1/+1. sites: optional (nu_tilde, tau_tilde) warm start.
+    likelihood 'probit' (3.16) or 'step' with labelling noise eps (K&G 10).
     Returns (log_Z, grad, result) with result the EPResult of ep.
     """
-    K = kernel_matrix(kernel, X, X, log_hyp)
+    K = kernel_matrix(kernel, X, X, log_hyp, discrete)
+    nu0, tau0 = (None, None) if sites is None else sites
     try:
-        if sites is None:
-            res = ep(K, y)
-        else:
-            res = ep(K, y, sites[0], sites[1])
+        res = ep(K, y, nu0, tau0, 1e-9, 100, "natural", 0, likelihood, eps)
     except np.linalg.LinAlgError:
-        raise ValueError("K is not positive semidefinite: B = I + S^1/2 K S^1/2 has no "
-                         "Cholesky factor; check the covariance function and its "
-                         "hyperparameters") from None
+        raise ValueError(_NOT_PSD_EP) from None
     grad = None
     if eval_gradient:
-        grad = ep_log_Z_grad(K, X, kernel, log_hyp, res.nu_tilde, res.tau_tilde, res.L)
+        grad = ep_log_Z_grad(K, X, kernel, log_hyp, res.nu_tilde, res.tau_tilde, res.L, discrete)
+    return res.log_Z, grad, res
+
+
+def multiclass_ep_evidence(X, Y, log_hyp, kernel="kg", sites=None, eval_gradient=True,
+                           discrete=None):
+    """Multi-class EP log Z_EP on K&G's difference latents and its gradient in log_hyp.
+
+    Y one-hot (J, n); log_hyp (p,), one covariance function for all classes
+    (K&G 38). The gradient is eq. 31 at the EP fixed point, which equals
+    d log Z_EP / d log_hyp there (K&G Theorem 1). Returns (log_Z, grad, result).
+    """
+    C = kernel_matrix(kernel, X, X, log_hyp, discrete)
+    nu0, tau0 = (None, None) if sites is None else sites
+    try:
+        res = ep_multiclass(C, Y, nu0, tau0)
+    except np.linalg.LinAlgError:
+        raise ValueError(_NOT_PSD_EP) from None
+    grad = None
+    if eval_gradient:
+        grad = em_ep_grad_multiclass(C, Y, X, kernel, log_hyp, res.mu, res.Sigma, discrete)[1]
     return res.log_Z, grad, res
 
 
@@ -2938,74 +3572,152 @@ def predict_averaged(X, y, X_test, samples, kernel="ard", likelihood="logistic")
     return p / samples.shape[0]
 
 
-# --- EM-EP (Kim & Ghahramani section 3.3) -------------------------------------------
+# --- EM-EP (Kim & Ghahramani sections 3.3 and 4.2) -------------------------------
+
+EMEPResult = namedtuple(
+    "EMEPResult", ["log_hyp", "eps", "log_Z", "F", "F_cov", "result", "n_iter", "converged",
+                   "classes"])
 
 
-def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.01, learn_eps=True, max_iter=100, tol=1e-6,
-          bounds=None, m_step_iter=50):
-    """EM-EP hyperparameter learning for binary GPC (Kim & Ghahramani 2006, section 3.3).
+def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=200, tol=1e-4,
+          bounds=None, m_step_iter=20, discrete=None):
+    """EM-EP hyperparameter learning for GPC (Kim & Ghahramani 2006, sections 3.3 and 4.2).
 
-    E-step: EP with the labelling-noise likelihood eps + (1 - 2 eps) H(y f)
-    (K&G 10), warm-started from the previous sites. M-step: maximise the
-    bound F (K&G 29) over the log covariance hyperparameters with q held
-    fixed, by L-BFGS-B with the gradient K&G eq. 31 (em_ep_grad), and set
-    eps to its closed form (em_ep_eps). Stops when the hyperparameters change
-    by less than tol and log Z_EP by less than tol, or after max_iter rounds.
+    Parameters
+    ----------
+    X : array-like, shape (n, d)
+    y : array-like, shape (n,)
+        Labels of two classes (binary model, K&G 3) or more (K&G 4.2).
+    log_hyp0 : array-like, optional
+        Starting log-hyperparameters (default_log_hyp: K&G's footnote 11).
+    kernel : str
+        'kg' (one inverse length-scale per input, K&G's "(m)") or 'kg_iso'
+        (one for all, "(s)"); any covariance of section 2 is accepted.
+    eps0, learn_eps :
+        The labelling noise eps of K&G eq. 10, and whether the M-step updates it
+        (em_ep_eps). K&G's experiments hold eps = 0, the default. Multi-class:
+        eps = 0 only (the product of step sites, K&G 47).
+    max_iter : int
+        Largest number of EM rounds (M-steps).
+    tol : float
+        Convergence: the change of log Z_EP between E-steps and the rise of F
+        in the M-step both below tol (in nats).
+    bounds : list of (low, high), optional
+        Box bounds in log space for the M-step (default_bounds).
+    m_step_iter : int
+        L-BFGS-B iterations per M-step. A partial M-step still raises F
+        (generalised EM); a full one costs more per round than it saves.
+    discrete : optional
+        The discrete inputs (K&G 14): a boolean mask or column indices.
 
-    Returns a dict: 'log_hyp', 'eps', 'log_Z' (history, one per E-step), 'F'
-    (history: F after each E-step and after each M-step, alternating),
-    'result' (the last EPResult), 'converged'.
+    Returns
+    -------
+    EMEPResult, a namedtuple of
+        log_hyp, eps: the learned values; log_Z: log Z_EP after each E-step;
+        F, F_cov: the bound F (K&G 29) and its covariance part E_q[log p(f|X)]
+        (K&G 56), alternating after each E-step and after each M-step (F is
+        -inf for eps = 0, see em_ep_bound); result: the EPResult of the last
+        E-step, at log_hyp; n_iter: M-steps taken; converged; classes.
+
+    Notes
+    -----
+    E-step: ep(..., likelihood='step', eps) (binary) or ep_multiclass,
+    warm-started from the previous sites. M-step: maximise F over the log
+    covariance hyperparameters with q held fixed, by L-BFGS-B with the
+    gradient eq. 31 (em_ep_grad, em_ep_grad_multiclass); K&G used conjugate
+    gradients. By K&G's Theorem 1, with eps fixed a converged EM-EP sits at a
+    stationary point of log Z_EP: the point ML-II on log Z_EP finds
+    (ml2(..., method='ep', likelihood='step')).
+
+    Used in: lectures/sec3_09_em_ep.ipynb.
     """
     from scipy.optimize import minimize
 
     X = _as_2d_float(X, "X")
-    y_pm, classes = binary_labels(y, "y")
-    if y_pm.shape[0] != X.shape[0]:
-        raise ValueError(f"X and y must have the same number of samples, got {X.shape[0]} and {y_pm.shape[0]}")
+    idx, classes = class_labels(y, "y")
+    if idx.shape[0] != X.shape[0]:
+        raise ValueError(f"X and y must have the same number of samples, got {X.shape[0]} and {idx.shape[0]}")
     _check_choice(kernel, "kernel", _KERNELS)
     d = X.shape[1]
     h = _check_log_hyp(default_log_hyp(kernel, X) if log_hyp0 is None else log_hyp0, kernel, d, "log_hyp0")
     if not 0.0 <= eps0 < 0.5:
         raise ValueError(f"eps0 must lie in [0, 0.5), got {eps0}")
+    J = classes.shape[0]
+    if J > 2 and (eps0 != 0.0 or learn_eps):
+        raise ValueError(f"y has {J} classes: multi-class EM-EP has eps = 0 (K&G 47); "
+                         f"got eps0={eps0}, learn_eps={learn_eps}")
+    if not isinstance(max_iter, (int, np.integer)) or max_iter < 0:
+        raise ValueError(f"max_iter must be a non-negative integer, got {max_iter!r}")
+    disc = discrete_flags(discrete, d)
     if bounds is None:
         bounds = default_bounds(kernel, d)
+    lo, hi = np.array([b[0] for b in bounds]), np.array([b[1] for b in bounds])
+    h = np.clip(h, lo, hi)
+    if J == 2:
+        y_t = np.where(idx == 1, 1.0, -1.0)
+    else:
+        Y = one_hot(idx, J)
+        y_t = None
     eps = float(eps0)
     sites = None
-    log_Zs, Fs = [], []
+    log_Zs, Fs, F_covs = [], [], []
     converged = False
     res = None
-    for _ in range(max_iter):
-        K = kernel_matrix(kernel, X, X, h)
-        res = (ep(K, y_pm, None, None, 1e-9, 100, "natural", 0, "step", eps) if sites is None else
-               ep(K, y_pm, sites[0], sites[1], 1e-9, 100, "natural", 0, "step", eps))   # E-step
+    gain = np.inf
+    n_iter = 0
+    while True:
+        C = kernel_matrix(kernel, X, X, h, disc)
+        nu0, tau0 = (None, None) if sites is None else sites
+        try:                                                                       # E-step
+            if J == 2:
+                res = ep(C, y_t, nu0, tau0, 1e-9, 100, "natural", 0, "step", eps)
+                K, y_g = C, y_t
+            else:
+                res = ep_multiclass(C, Y, nu0, tau0)
+                K, y_g = difference_covariance(C, Y), np.ones(res.mu.shape[0])
+        except np.linalg.LinAlgError:
+            raise ValueError(_NOT_PSD_EP) from None
         _warn_not_converged(res, "em_ep")
         sites = (res.nu_tilde, res.tau_tilde)
         mu, Sigma = res.mu, res.Sigma
         log_Zs.append(float(res.log_Z))
-        Fs.append(float(em_ep_bound(K, y_pm, eps, mu, Sigma)[0]))
+        Fs.append(float(em_ep_bound(K, y_g, eps, mu, Sigma)))
+        F_covs.append(float(_em_ep_weights(K, mu, Sigma)[0]))
+        if n_iter > 0 and abs(log_Zs[-1] - log_Zs[-2]) < tol and gain < tol:
+            converged = True
+            break
+        if n_iter == max_iter:
+            break
 
         def neg(x):
             x = np.ascontiguousarray(x)
-            Kx = kernel_matrix(kernel, X, X, x)
+            Cx = kernel_matrix(kernel, X, X, x, disc)
             try:
-                _, prior = em_ep_bound(Kx, y_pm, eps, mu, Sigma)
+                if J == 2:
+                    Fc, g = em_ep_grad(Cx, X, kernel, x, mu, Sigma, disc)          # (K&G 56, 31)
+                else:
+                    Fc, g = em_ep_grad_multiclass(Cx, Y, X, kernel, x, mu, Sigma, disc)
             except np.linalg.LinAlgError:
                 return np.inf, np.zeros_like(x)
-            return -prior, -em_ep_grad(Kx, X, kernel, x, mu, Sigma)
+            return -Fc, -g
 
         opt = minimize(neg, h, jac=True, method="L-BFGS-B", bounds=bounds,
-                       options={"maxiter": m_step_iter})              # M-step, covariance (K&G 31)
-        h_new = np.asarray(opt.x)
+                       options={"maxiter": m_step_iter})                           # M-step, covariance
+        if -opt.fun >= F_covs[-1]:             # L-BFGS-B returns its last iterate: keep it if F rose
+            h = np.asarray(opt.x)
+        eps_old = eps
         if learn_eps:
-            eps = float(em_ep_eps(y_pm, mu, Sigma))                   # M-step, eps (closed form)
-        Fs.append(float(em_ep_bound(kernel_matrix(kernel, X, X, h_new), y_pm, eps, mu, Sigma)[0]))
-        change = np.max(np.abs(h_new - h))
-        h = h_new
-        if change < tol and len(log_Zs) > 1 and abs(log_Zs[-1] - log_Zs[-2]) < tol:
-            converged = True
-            break
-    return {"log_hyp": h, "eps": eps, "log_Z": np.array(log_Zs), "F": np.array(Fs), "result": res,
-            "converged": converged, "classes": classes}
+            eps = float(em_ep_eps(y_t, mu, Sigma))                                # M-step, eps
+        C = kernel_matrix(kernel, X, X, h, disc)
+        K = C if J == 2 else difference_covariance(C, Y)
+        F_M = float(em_ep_bound(K, y_g, eps, mu, Sigma))
+        F_covs.append(float(_em_ep_weights(K, mu, Sigma)[0]))
+        # the rise of F in this M-step (of F_cov alone while F is -inf, eps = 0)
+        gain = F_M - Fs[-1] if np.isfinite(F_M) and eps_old > 0 else F_covs[-1] - F_covs[-2]
+        Fs.append(F_M)
+        n_iter += 1
+    return EMEPResult(h, eps, np.array(log_Zs), np.array(Fs), np.array(F_covs), res, n_iter,
+                      converged, classes)
 
 
 # --- data read from a path the user gives ---------------------------------------

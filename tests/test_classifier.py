@@ -179,12 +179,12 @@ def test_information_bits_rejects_bad_input():
         gpclab.information_bits(np.array([0.5]), np.array([0]), np.array([1, -1]))
 
 
-def test_multiclass_needs_laplace_and_softmax():
+def test_multiclass_needs_softmax_or_kim_ghahramani():
     X, _ = small_problem(0)
     y = np.arange(len(X)) % 3
-    with pytest.raises(ValueError, match="3 classes: the multi-class model is the softmax"):
+    with pytest.raises(ValueError, match="3 classes: multi-class EP is Kim & Ghahramani's model"):
         gpclab.GPClassifier(method="ep", likelihood="probit").fit(X, y)
-    with pytest.raises(ValueError, match="3 classes"):
+    with pytest.raises(ValueError, match="3 classes: the multi-class Laplace model is the softmax"):
         gpclab.GPClassifier(likelihood="probit").fit(X, y)
     with pytest.raises(ValueError, match="n_samples"):
         gpclab.GPClassifier(n_samples=0).fit(X, y)

@@ -211,9 +211,10 @@ def test_bad_input_raises():
 
 def test_classifier_with_ep():
     X, y = gpclab.make_three_gaussians(seed=0)
-    with pytest.raises(ValueError, match="needs likelihood 'probit'"):
-        gpclab.GPClassifier(method="ep").fit(X, y)
-    m = gpclab.GPClassifier(method="ep", likelihood="probit").fit(X, y)
+    with pytest.raises(ValueError, match="needs likelihood 'probit' or 'step'"):
+        gpclab.GPClassifier(method="ep", likelihood="logistic").fit(X, y)
+    m = gpclab.GPClassifier(method="ep").fit(X, y)
+    assert m.likelihood_ == "probit" and m.kernel_ == "se"            # the defaults for EP
     v, g = m.log_marginal_likelihood(eval_gradient=True)
     assert v == pytest.approx(m.log_marginal_likelihood_)
     assert np.max(np.abs(g)) < 1e-3
@@ -268,8 +269,14 @@ def test_step_likelihood_with_unit_noise_is_the_probit_model():
     Ks = naive.se_kernel(X, Xs, 0.0, np.log(2.0))
     kss = np.full(4, 4.05)
     p_probit, _, _ = gpclab.ep_predict(probit.nu_tilde, probit.tau_tilde, K, Ks, kss)
-    _, g_bar, V = gpclab.ep_predict(step.nu_tilde, step.tau_tilde, K + np.eye(15), Ks, kss + 1)
+    p_step, g_bar, V = gpclab.ep_predict(step.nu_tilde, step.tau_tilde, K + np.eye(15), Ks, kss + 1,
+                                         None, "step", 0.0)
     np.testing.assert_allclose(norm.cdf(g_bar / np.sqrt(V)), p_probit, rtol=1e-7)
+    np.testing.assert_allclose(p_step, p_probit, rtol=1e-7)
+    # K&G eq. 26: a test label that may itself be flipped with probability eps
+    p_eps, _, _ = gpclab.ep_predict(step.nu_tilde, step.tau_tilde, K + np.eye(15), Ks, kss + 1,
+                                    None, "step", 0.2)
+    np.testing.assert_allclose(p_eps, 0.2 + 0.6 * p_probit, rtol=1e-7)
     with pytest.raises(ValueError, match="eps must lie"):
         gpclab.ep(K, y, None, None, 1e-9, 10, "natural", 0, "step", 0.7)
     with pytest.raises(ValueError, match="eps is for likelihood 'step'"):
