@@ -3,7 +3,8 @@
 One module, in book order: 1 numerics, 2 covariance functions,
 3 likelihoods, 3.4 binary Laplace (Algorithms 3.1, 3.2), 3.5 multi-class
 Laplace (3.3, 3.4), 3.6 expectation propagation (3.5, 3.6), 7 MCMC (Kuss &
-Rasmussen's HMC, annealed importance sampling, truncated Gaussians). These
+Rasmussen's HMC, annealed importance sampling, truncated Gaussians), 8 EM-EP
+(Kim & Ghahramani's hyperparameter learning, binary and multi-class). These
 are numba ``@njit(cache=True)`` functions that follow the pseudocode of
 Rasmussen & Williams, *Gaussian Processes for Machine Learning* (MIT
 Press, 2006), chapter 3, with a comment on every line naming the algorithm
@@ -17,6 +18,9 @@ References, as cited in comments:
                        binary Gaussian process classification, JMLR 6, 2005
     (W&B 4)            Williams & Barber, Bayesian classification with
                        Gaussian processes, IEEE PAMI 20(12), 1998
+    (K&G 31)           Kim & Ghahramani, Bayesian Gaussian process
+                       classification with the EM-EP algorithm, IEEE PAMI
+                       28(12), 2006
 
 Glossary (code name: book symbol):
     K        K, prior covariance of the training latents, (n, n)
@@ -46,6 +50,10 @@ Glossary (code name: book symbol):
     nu_cav, tau_cav the cavity's (3.56); mu_hat, sigma2_hat (3.58);
     Sigma, mu the approximate posterior (3.53); log_Z = log Z_EP (3.65)
     MCMC (7): g = L^-1 f whitened latents; tau an inverse temperature (K&R 28)
+    EM-EP (8): eps the labelling noise (K&G 10); t0, t1, t2, l the hyperparameters
+    theta_0, theta_1, theta_2, l_m of (K&G 13); h = mu, A = Sigma of q(f) (K&G 27);
+    F the bound (K&G 29), F_cov its covariance part (K&G 56); Kg the covariance
+    of the multi-class difference latents g (K&G 43)
 
 Students can step through any function with ``fn.py_func(...)`` or by
 setting NUMBA_DISABLE_JIT=1 before importing.
@@ -3575,8 +3583,8 @@ def predict_averaged(X, y, X_test, samples, kernel="ard", likelihood="logistic")
 # --- EM-EP (Kim & Ghahramani sections 3.3 and 4.2) -------------------------------
 
 EMEPResult = namedtuple(
-    "EMEPResult", ["log_hyp", "eps", "log_Z", "F", "F_cov", "result", "n_iter", "converged",
-                   "classes"])
+    "EMEPResult", ["log_hyp", "eps", "log_Z", "F", "F_cov", "eps_history", "result", "n_iter",
+                   "converged", "classes"])
 
 
 def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=200, tol=1e-4,
@@ -3616,8 +3624,9 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
         log_hyp, eps: the learned values; log_Z: log Z_EP after each E-step;
         F, F_cov: the bound F (K&G 29) and its covariance part E_q[log p(f|X)]
         (K&G 56), alternating after each E-step and after each M-step (F is
-        -inf for eps = 0, see em_ep_bound); result: the EPResult of the last
-        E-step, at log_hyp; n_iter: M-steps taken; converged; classes.
+        -inf for eps = 0, see em_ep_bound); eps_history: eps at each E-step;
+        result: the EPResult of the last E-step, at log_hyp; n_iter: M-steps
+        taken; converged; classes.
 
     Notes
     -----
@@ -3627,9 +3636,12 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
     gradient eq. 31 (em_ep_grad, em_ep_grad_multiclass); K&G used conjugate
     gradients. By K&G's Theorem 1, with eps fixed a converged EM-EP sits at a
     stationary point of log Z_EP: the point ML-II on log Z_EP finds
-    (ml2(..., method='ep', likelihood='step')).
+    (ml2(..., method='ep', likelihood='step')). The eps update maximises F,
+    not log Z_EP (K&G 3.4), and EP's E-step need not raise F: with eps
+    learned, EM-EP can end below the evidence it passed on the way (see the
+    lecture).
 
-    Used in: lectures/sec3_09_em_ep.ipynb.
+    Used in: lectures/sec3_06b_em_ep.ipynb.
     """
     from scipy.optimize import minimize
 
@@ -3660,7 +3672,7 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
         y_t = None
     eps = float(eps0)
     sites = None
-    log_Zs, Fs, F_covs = [], [], []
+    log_Zs, Fs, F_covs, epss = [], [], [], []
     converged = False
     res = None
     gain = np.inf
@@ -3681,6 +3693,7 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
         sites = (res.nu_tilde, res.tau_tilde)
         mu, Sigma = res.mu, res.Sigma
         log_Zs.append(float(res.log_Z))
+        epss.append(eps)
         Fs.append(float(em_ep_bound(K, y_g, eps, mu, Sigma)))
         F_covs.append(float(_em_ep_weights(K, mu, Sigma)[0]))
         if n_iter > 0 and abs(log_Zs[-1] - log_Zs[-2]) < tol and gain < tol:
@@ -3716,8 +3729,8 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
         gain = F_M - Fs[-1] if np.isfinite(F_M) and eps_old > 0 else F_covs[-1] - F_covs[-2]
         Fs.append(F_M)
         n_iter += 1
-    return EMEPResult(h, eps, np.array(log_Zs), np.array(Fs), np.array(F_covs), res, n_iter,
-                      converged, classes)
+    return EMEPResult(h, eps, np.array(log_Zs), np.array(Fs), np.array(F_covs), np.array(epss), res,
+                      n_iter, converged, classes)
 
 
 # --- data read from a path the user gives ---------------------------------------
@@ -3752,6 +3765,37 @@ def load_usps(path, digits=None):
             X, y = X[keep], y[keep]
         out += [X, y]
     return tuple(out)
+
+
+def load_ionosphere(path):
+    """UCI Ionosphere (351 radar returns, 34 inputs, label 'g'ood or 'b'ad), as K&G Table 4 use it.
+
+    The file is not shipped with gpclab; give the path to your copy of
+    ionosphere.data (comma-separated, 34 numbers and a label per line; a
+    header line is skipped). Returns X (351, 34) and y, the labels as strings.
+    """
+    try:
+        with open(path) as fh:
+            lines = [ln.strip() for ln in fh if ln.strip()]
+    except OSError as e:
+        raise ValueError(f"path must be a readable ionosphere.data file: {e}") from None
+    rows, labels = [], []
+    for k, line in enumerate(lines):
+        parts = line.split(",")
+        try:
+            values = [float(v) for v in parts[:-1]]
+        except ValueError:
+            if k == 0:
+                continue                                   # a header line
+            raise ValueError(f"path {path!r}, line {k + 1}: not 34 numbers and a label") from None
+        if len(values) != 34 or parts[-1] not in ("g", "b"):
+            raise ValueError(f"path {path!r}, line {k + 1}: expected 34 numbers and a label g or b, "
+                             f"got {len(values)} numbers and {parts[-1]!r}")
+        rows.append(values)
+        labels.append(parts[-1])
+    if not rows:
+        raise ValueError(f"path {path!r} holds no data lines")
+    return np.array(rows), np.array(labels)
 
 
 # --- toy data of the book ----------------------------------------------------

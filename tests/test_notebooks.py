@@ -25,3 +25,22 @@ def test_lecture_executes(path, tmp_path, monkeypatch):
         "lecture notebooks are committed without outputs"
     NotebookClient(nb, timeout=900, kernel_name="python3",
                    resources={"metadata": {"path": os.path.dirname(path)}}).execute()
+
+
+def test_figures_csv_points_at_notebook_headings():
+    """Check that every row of lectures/FIGURES.csv names an existing notebook (or script) and, for a
+    notebook, a '## ' heading in it that starts with the row's section heading."""
+    import csv
+
+    with open(os.path.join(ROOT, "lectures", "FIGURES.csv"), newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert rows
+    for row in rows:
+        target = row["notebook"]
+        if not target.endswith(".ipynb"):
+            assert os.path.exists(os.path.join(ROOT, target)), target
+            continue
+        nb = nbformat.read(os.path.join(ROOT, "lectures", target), as_version=4)
+        headings = [line[3:].strip() for c in nb.cells if c.cell_type == "markdown"
+                    for line in c.source.splitlines() if line.startswith("## ")]
+        assert any(h.startswith(row["section heading"]) for h in headings), (target, row["section heading"])
