@@ -117,6 +117,24 @@ def test_theorem_1_eq31_is_the_gradient_of_log_Z_EP(eps):
     np.testing.assert_allclose(g31, g51, rtol=1e-6, atol=1e-8)
 
 
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_log_Z_EP_equals_kg_eq_23(eps):
+    """Check log Z_EP against K&G eq. 23 written out: |Lambda|^1/2 |C + Lambda|^-1/2 exp(-r/2) prod_i s_i,
+    with the sites' v_i, m_i and s_i = Z_i sqrt(1 + lambda_i / v_i) exp((h_i - m_i)^2 / (2 (v_i + lambda_i))),
+    the normaliser that makes each site reproduce Z_i of eq. 20 against its cavity N(h_i, lambda_i)."""
+    X, y = small_problem(14, n=12)
+    K, res = _q(X, y, H, eps)
+    v, m = 1 / res.tau_tilde, res.nu_tilde / res.tau_tilde                # site variances and means (K&G 16)
+    lam = 1 / (1 / np.diag(res.Sigma) - res.tau_tilde)                     # cavity variance (K&G 19)
+    h = lam * (res.mu / np.diag(res.Sigma) - res.nu_tilde)                 # cavity mean
+    Z = eps + (1 - 2 * eps) * norm.cdf(y * h / np.sqrt(lam))                # (K&G 20)
+    log_s = np.log(Z) + 0.5 * np.log1p(lam / v) + (h - m) ** 2 / (2 * (v + lam))
+    A = np.linalg.inv(np.linalg.inv(K) + np.diag(1 / v))                   # (K&G 22)
+    r = np.sum(m ** 2 / v) - (m / v) @ A @ (m / v)
+    log_Z23 = 0.5 * np.sum(np.log(v)) - 0.5 * np.linalg.slogdet(K + np.diag(v))[1] - r / 2 + log_s.sum()
+    assert res.log_Z == pytest.approx(log_Z23, rel=1e-10)
+
+
 def _F_cov_naive(K, mu, Sigma):
     """E_q[log N(f|0, K)] (K&G 56) with explicit inverses."""
     Ki = np.linalg.inv(K)
