@@ -954,14 +954,11 @@ def _log_sum_exp(f):
 
 
 @njit(cache=True)
-def _check_multiclass(K, y):
-    if y.ndim != 2 or K.ndim != 3:
-        raise ValueError("K must have shape (C, n, n) and y shape (C, n)")
+def _check_one_hot(y):
+    """Multi-class targets: one-hot, shape (C, n) with C >= 2 classes and n >= 1 cases."""
     C, n = y.shape
     if C < 2 or n == 0:
         raise ValueError("y must have at least 2 classes (rows) and 1 case (column)")
-    if K.shape[0] != C or K.shape[1] != n or K.shape[2] != n:
-        raise ValueError("K must have shape (C, n, n) to match y of shape (C, n)")
     for i in range(n):
         s = 0.0
         for c in range(C):
@@ -970,6 +967,16 @@ def _check_multiclass(K, y):
             s += y[c, i]
         if s != 1.0:
             raise ValueError("y must be one-hot: exactly one 1 in each column")
+
+
+@njit(cache=True)
+def _check_multiclass(K, y):
+    if y.ndim != 2 or K.ndim != 3:
+        raise ValueError("K must have shape (C, n, n) and y shape (C, n)")
+    _check_one_hot(y)
+    C, n = y.shape
+    if K.shape[0] != C or K.shape[1] != n or K.shape[2] != n:
+        raise ValueError("K must have shape (C, n, n) to match y of shape (C, n)")
 
 
 @njit(cache=True)
@@ -2051,7 +2058,7 @@ def truncated_gaussian_mh(C, n_samples, step, seed=0, x0=None, thin=1):
 # bound F (K&G 29) over the covariance hyperparameters with q held fixed, by
 # the gradient K&G eq. 31, and updates eps in closed form.
 #
-# Multi-class (K&G 4.2): with one-hot Y (J, n) and y_i the class of case i, the
+# Multi-class (K&G 4.2): with one-hot y (J, n) and y_i the class of case i, the
 # latents are the differences g_i^{y_i,j} = f_i^{y_i} - f_i^j, j != y_i: n (J - 1)
 # of them, ordered case by case and, within a case, by increasing j (K&G 45).
 # Their prior covariance is (K&G 43); the likelihood is prod_j H(g_i^{y_i,j})
@@ -2178,42 +2185,27 @@ def em_ep_grad(K, X, kernel, log_hyp, mu, Sigma, discrete=None):
 
 
 @njit(cache=True)
-def _check_one_hot(Y):
-    J, n = Y.shape
-    if J < 2 or n == 0:
-        raise ValueError("Y must be one-hot of shape (J, n) with J >= 2 classes and n >= 1 cases")
-    for i in range(n):
-        s = 0.0
-        for c in range(J):
-            if Y[c, i] != 0.0 and Y[c, i] != 1.0:
-                raise ValueError("Y must be one-hot: entries 0 or 1")
-            s += Y[c, i]
-        if s != 1.0:
-            raise ValueError("Y must be one-hot: exactly one 1 in each column")
-
-
-@njit(cache=True)
-def difference_index(Y):
+def difference_index(y):
     """The class y_i of each case and, for each latent g_i^{y_i,j} in K&G's order (45),
-    its case i and its class j. Returns y (n,), case (n (J-1),), cls (n (J-1),)."""
-    _check_one_hot(Y)
-    J, n = Y.shape
-    y = np.empty(n, np.int64)
+    its case i and its class j. Returns yc (n,), case (n (J-1),), cls (n (J-1),)."""
+    _check_one_hot(y)
+    J, n = y.shape
+    yc = np.empty(n, np.int64)
     for i in range(n):
         for c in range(J):
-            if Y[c, i] == 1.0:
-                y[i] = c
+            if y[c, i] == 1.0:
+                yc[i] = c
     N = n * (J - 1)
     case = np.empty(N, np.int64)
     cls = np.empty(N, np.int64)
     a = 0
     for i in range(n):
         for j in range(J):
-            if j != y[i]:                                     # (K&G 45): g_i^{y_i,1}, ..., g_i^{y_i,J}, j != y_i
+            if j != yc[i]:                                     # (K&G 45): g_i^{y_i,1}, ..., g_i^{y_i,J}, j != y_i
                 case[a] = i
                 cls[a] = j
                 a += 1
-    return y, case, cls
+    return yc, case, cls
 
 
 @njit(cache=True)
@@ -2223,15 +2215,15 @@ def _sign43(y_i, y_k, j, l):
 
 
 @njit(cache=True)
-def difference_covariance(C, Y):
+def difference_covariance(C, y):
     """Prior covariance of K&G's difference latents g (K&G 41-43), shape (n (J-1), n (J-1)).
 
     Cov(g_i^{y_i,j}, g_k^{y_k,l}) = (delta(y_i, y_k) - delta(y_i, l) - delta(y_k, j)
-    + delta(j, l)) c(x_i, x_k), with C = c(X, X) (n, n) and Y one-hot (J, n).
+    + delta(j, l)) c(x_i, x_k), with C = c(X, X) (n, n) and y one-hot (J, n).
     """
-    y, case, cls = difference_index(Y)
-    if C.shape[0] != y.shape[0] or C.shape[1] != y.shape[0]:
-        raise ValueError("C must have shape (n, n) to match Y of shape (J, n)")
+    yc, case, cls = difference_index(y)
+    if C.shape[0] != yc.shape[0] or C.shape[1] != yc.shape[0]:
+        raise ValueError("C must have shape (n, n) to match y of shape (J, n)")
     N = case.shape[0]
     Kg = np.empty((N, N))
     for a in range(N):
@@ -2240,19 +2232,19 @@ def difference_covariance(C, Y):
         for b in range(N):
             k = case[b]
             l = cls[b]
-            Kg[a, b] = _sign43(y[i], y[k], j, l) * C[i, k]     # (K&G 43)
+            Kg[a, b] = _sign43(yc[i], yc[k], j, l) * C[i, k]     # (K&G 43)
     return Kg
 
 
 @njit(cache=True)
-def ep_multiclass(C, Y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100):
+def ep_multiclass(C, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100):
     """EP for multi-class GPC on K&G's difference latents (K&G eqs. 43, 47-49).
 
     Parameters
     ----------
     C : ndarray, shape (n, n)
         c(X, X), the covariance of each class's latent function (K&G 13, 38).
-    Y : ndarray, shape (J, n)
+    y : ndarray, shape (J, n)
         One-hot targets.
     nu_tilde_init, tau_tilde_init, tol, max_sweeps :
         As for ep, with n (J - 1) sites.
@@ -2269,17 +2261,17 @@ def ep_multiclass(C, Y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_s
     O((n (J - 1))^3) per sweep. For J = 2, g_i = y_i (f_i^1 - f_i^2) with
     covariance 2 y_i y_k c(x_i, x_k): the binary model (scaled by sqrt 2).
     """
-    Kg = difference_covariance(C, Y)
+    Kg = difference_covariance(C, y)
     ones = np.ones(Kg.shape[0])
     return ep(Kg, ones, nu_tilde_init, tau_tilde_init, tol, max_sweeps, "natural", 0, "step", 0.0)
 
 
 @njit(cache=True)
-def _fold_differences(Qg, Y):
+def _fold_differences(Qg, y):
     """(n, n) Q with sum_ab Qg_ab dKg_ab = sum_ik Q_ik dC_ik, by (K&G 43):
     Q_ik = sum over the latents a of case i and b of case k of sign(a, b) Qg_ab."""
-    y, case, cls = difference_index(Y)
-    n = y.shape[0]
+    yc, case, cls = difference_index(y)
+    n = yc.shape[0]
     Q = np.zeros((n, n))
     N = case.shape[0]
     for a in range(N):
@@ -2288,22 +2280,22 @@ def _fold_differences(Qg, Y):
         for b in range(N):
             k = case[b]
             l = cls[b]
-            Q[i, k] += _sign43(y[i], y[k], j, l) * Qg[a, b]
+            Q[i, k] += _sign43(yc[i], yc[k], j, l) * Qg[a, b]
     return Q
 
 
 @njit(cache=True)
-def em_ep_grad_multiclass(C, Y, X, kernel, log_hyp, mu, Sigma, discrete=None):
+def em_ep_grad_multiclass(C, y, X, kernel, log_hyp, mu, Sigma, discrete=None):
     """M-step of multi-class EM-EP: F_cov of q(g) and its gradient in log_hyp (K&G 31, 43).
 
-    C = kernel_matrix(kernel, X, X, log_hyp, discrete); Y one-hot (J, n); mu,
+    C = kernel_matrix(kernel, X, X, log_hyp, discrete); y one-hot (J, n); mu,
     Sigma the E-step's q(g) = N(h, A) on the n (J - 1) difference latents.
     Eq. 31 holds for Kg = (K&G 43); since dKg = sign(a, b) dC_ik, the sums
     over latents fold onto cases (_fold_differences): O((n (J-1))^3) once,
     O(n^2) per hyperparameter.
     """
-    F_cov, Qg = _em_ep_weights(difference_covariance(C, Y), mu, Sigma)
-    Q = _fold_differences(Qg, Y)
+    F_cov, Qg = _em_ep_weights(difference_covariance(C, y), mu, Sigma)
+    Q = _fold_differences(Qg, y)
     p = log_hyp.shape[0]
     grad = np.empty(p)
     for j in range(p):
@@ -2397,7 +2389,7 @@ def orthant_probability(mean, cov, n_points=4000, n_shifts=8, seed=0):
     # P(z > 0) = P(x < mean) with x = mean - z ~ N(0, cov), x = L w, w ~ N(0, I)
     L = _cholesky_psd(cov)
     np.random.seed(seed)
-    y = np.empty(k)
+    yc = np.empty(k)
     est = np.empty(n_shifts)
     for r in range(n_shifts):
         shift = np.random.random(k - 1)
@@ -2407,7 +2399,7 @@ def orthant_probability(mean, cov, n_points=4000, n_shifts=8, seed=0):
             for i in range(k):
                 t = 0.0
                 for j in range(i):
-                    t += L[i, j] * y[j]
+                    t += L[i, j] * yc[j]
                 if L[i, i] > 0.0:
                     e = std_normal_cdf((mean[i] - t) / L[i, i])
                 else:                                         # degenerate direction: a step
@@ -2418,14 +2410,14 @@ def orthant_probability(mean, cov, n_points=4000, n_shifts=8, seed=0):
                 u = (s / n_points if i == 0 else s * _SQRT_PRIMES[i - 1]) + shift[i]
                 u = abs(2.0 * (u - math.floor(u)) - 1.0)      # baker's transform of the lattice point
                 w = min(max(u * e, 1e-300), 1.0 - 1e-16)
-                y[i] = _ndtri(w) if L[i, i] > 0.0 else 0.0
+                yc[i] = _ndtri(w) if L[i, i] > 0.0 else 0.0
             total += f
         est[r] = total / n_points
     return est.mean(), est.std() / math.sqrt(max(n_shifts - 1, 1))
 
 
 @njit(cache=True)
-def ep_predict_multiclass(nu_tilde, tau_tilde, C, Y, K_star, k_star_star, L=None, n_points=1000,
+def ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L=None, n_points=1000,
                           seed=0):
     """Predictions of multi-class EP on difference latents (K&G eqs. 50-54; lines as Alg. 3.6).
 
@@ -2435,7 +2427,7 @@ def ep_predict_multiclass(nu_tilde, tau_tilde, C, Y, K_star, k_star_star, L=None
         Sites from ep_multiclass.
     C : ndarray, shape (n, n)
         c(X, X).
-    Y : ndarray, shape (J, n)
+    y : ndarray, shape (J, n)
         One-hot training targets.
     K_star : ndarray, shape (n, m)
         c(X, x_*) for m test inputs.
@@ -2468,15 +2460,15 @@ def ep_predict_multiclass(nu_tilde, tau_tilde, C, Y, K_star, k_star_star, L=None
     classes' orthant events partition the space, so p sums to 1 up to the
     integration error. Eq. 54 picks the class with the largest f_bar_star.
     """
-    y, case, cls = difference_index(Y)
-    J, n = Y.shape
+    yc, case, cls = difference_index(y)
+    J, n = y.shape
     N = case.shape[0]
     m = K_star.shape[1]
     if nu_tilde.shape[0] != N or tau_tilde.shape[0] != N:
         raise ValueError("nu_tilde and tau_tilde must have n (J - 1) entries, as from ep_multiclass")
     if K_star.shape[0] != n or k_star_star.shape[0] != m:
         raise ValueError("K_star must have shape (n, m) and k_star_star shape (m,)")
-    Kg = difference_covariance(C, Y)
+    Kg = difference_covariance(C, y)
     sS = np.sqrt(tau_tilde)
     if L is None:
         L = np.linalg.cholesky(_form_B(Kg, sS))               # line 2: L := cholesky(I + S~^1/2 Kg S~^1/2)
@@ -2491,7 +2483,7 @@ def ep_predict_multiclass(nu_tilde, tau_tilde, C, Y, K_star, k_star_star, L=None
     for t in range(m):
         for a in range(N):
             for c in range(J):
-                A[a, c] = (int(c == y[case[a]]) - int(c == cls[a])) * K_star[case[a], t]
+                A[a, c] = (int(c == yc[case[a]]) - int(c == cls[a])) * K_star[case[a], t]
         fb = A.T @ b                                          # line 4: f_bar_* := A^T (nu~ - z)  (3.60)
         f_bar_star[:, t] = fb
         sSA = np.empty((N, J))
@@ -2520,7 +2512,7 @@ def ep_predict_multiclass(nu_tilde, tau_tilde, C, Y, K_star, k_star_star, L=None
             for a in range(N):
                 i = case[a]
                 j = cls[a]
-                g += b[a] * _sign43(y[i], 0, j, l) * K_star[i, t]   # (K&G 52), m = 0
+                g += b[a] * _sign43(yc[i], 0, j, l) * K_star[i, t]   # (K&G 52), m = 0
             if g <= 0.0:
                 all_positive = False
             if g < lowest:
