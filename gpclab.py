@@ -2081,6 +2081,7 @@ def em_ep_bound(K, y, eps, mu, Sigma):
     Phi(y_i mu_i / sqrt(Sigma_ii)), F_eps = sum_i P_i log(1 - eps) + (1 - P_i) log eps,
     which is -inf for eps = 0: a Gaussian q puts mass on the wrong sign, where the
     step likelihood is 0. The M-step for the covariance needs only F_cov (em_ep_grad).
+    Returns (F, F_cov).
     """
     _check_K_y(K, y)
     n = y.shape[0]
@@ -2098,7 +2099,7 @@ def em_ep_bound(K, y, eps, mu, Sigma):
             F_eps += P * math.log(1.0 - eps)
         if P < 1.0:
             F_eps += (1.0 - P) * (math.log(eps) if eps > 0.0 else -np.inf)
-    return F_eps + F_cov + entropy
+    return F_eps + F_cov + entropy, F_cov
 
 
 @njit(cache=True)
@@ -3686,8 +3687,9 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
         mu, Sigma = res.mu, res.Sigma
         log_Zs.append(float(res.log_Z))
         epss.append(eps)
-        Fs.append(float(em_ep_bound(K, y_g, eps, mu, Sigma)))
-        F_covs.append(float(_em_ep_weights(K, mu, Sigma)[0]))
+        F, F_cov = em_ep_bound(K, y_g, eps, mu, Sigma)
+        Fs.append(float(F))
+        F_covs.append(float(F_cov))
         if n_iter > 0 and abs(log_Zs[-1] - log_Zs[-2]) < tol and gain < tol:
             converged = True
             break
@@ -3715,8 +3717,9 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
             eps = float(em_ep_eps(y_t, mu, Sigma))                                # M-step, eps
         C = kernel_matrix(kernel, X, X, h, disc)
         K = C if J == 2 else difference_covariance(C, Y)
-        F_M = float(em_ep_bound(K, y_g, eps, mu, Sigma))
-        F_covs.append(float(_em_ep_weights(K, mu, Sigma)[0]))
+        F_M, F_cov = em_ep_bound(K, y_g, eps, mu, Sigma)
+        F_M = float(F_M)
+        F_covs.append(float(F_cov))
         # the rise of F in this M-step (of F_cov alone while F is -inf, eps = 0)
         gain = F_M - Fs[-1] if np.isfinite(F_M) and eps_old > 0 else F_covs[-1] - F_covs[-2]
         Fs.append(F_M)

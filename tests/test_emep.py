@@ -154,8 +154,8 @@ def test_eq31_is_the_gradient_of_F_with_q_fixed():
         e = np.zeros(H.size)
         e[j] = 1e-5
         Kp, Km = (gpclab.kernel_matrix("kg", X, X, H + s * e, disc) for s in (1, -1))
-        fd_F[j] = (gpclab.em_ep_bound(Kp, y, 0.05, res.mu, res.Sigma)
-                   - gpclab.em_ep_bound(Km, y, 0.05, res.mu, res.Sigma)) / 2e-5
+        fd_F[j] = (gpclab.em_ep_bound(Kp, y, 0.05, res.mu, res.Sigma)[0]
+                   - gpclab.em_ep_bound(Km, y, 0.05, res.mu, res.Sigma)[0]) / 2e-5
         fd_cov[j] = (_F_cov_naive(Kp, res.mu, res.Sigma) - _F_cov_naive(Km, res.mu, res.Sigma)) / 2e-5
     np.testing.assert_allclose(g, fd_F, rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(g, fd_cov, rtol=1e-6, atol=1e-8)
@@ -172,17 +172,18 @@ def test_bound_F_against_quadrature_and_an_independent_formula():
             integrate.quad(lambda f: norm.pdf(f, res.mu[i], sd), -np.inf, 0)[0]
         lik += P * np.log(0.9) + (1 - P) * np.log(0.1)
     entropy = 0.5 * np.linalg.slogdet(2 * np.pi * np.e * res.Sigma)[1]
-    F = gpclab.em_ep_bound(K, y, 0.1, res.mu, res.Sigma)
+    F, F_cov = gpclab.em_ep_bound(K, y, 0.1, res.mu, res.Sigma)
     assert F == pytest.approx(lik + _F_cov_naive(K, res.mu, res.Sigma) + entropy, rel=1e-9)
+    assert F_cov == pytest.approx(_F_cov_naive(K, res.mu, res.Sigma), rel=1e-11)
     assert F < res.log_Z                                      # Jensen
-    assert gpclab.em_ep_bound(K, y, 0.0, res.mu, res.Sigma) == -np.inf
+    assert gpclab.em_ep_bound(K, y, 0.0, res.mu, res.Sigma)[0] == -np.inf
 
 
 def test_eps_update_maximises_F():
     X, y = small_problem(6, n=25)
     K, res = _q(X, y, H, 0.1)
     eps_closed = gpclab.em_ep_eps(y, res.mu, res.Sigma)
-    num = minimize_scalar(lambda e: -gpclab.em_ep_bound(K, y, e, res.mu, res.Sigma),
+    num = minimize_scalar(lambda e: -gpclab.em_ep_bound(K, y, e, res.mu, res.Sigma)[0],
                           bounds=(1e-6, 0.5 - 1e-6), method="bounded", options={"xatol": 1e-10})
     assert eps_closed == pytest.approx(num.x, abs=1e-6)
 
