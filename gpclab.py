@@ -3581,7 +3581,7 @@ EMEPResult = namedtuple(
 
 
 def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=200, tol=1e-4,
-          bounds=None, m_step_iter=20, discrete=None):
+          bounds=None, m_step_iter=5, discrete=None):
     """EM-EP hyperparameter learning for GPC (Kim & Ghahramani 2006, sections 3.3 and 4.2).
 
     Parameters
@@ -3607,7 +3607,9 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
         Box bounds in log space for the M-step (default_bounds).
     m_step_iter : int
         L-BFGS-B iterations per M-step. A partial M-step still raises F
-        (generalised EM); a full one costs more per round than it saves.
+        (generalised EM); a full one costs more per round than it saves in
+        rounds (measured on K&G's Boston data, 16 hyperparameters: 5
+        iterations, 66 rounds, 14 s; 20 iterations, 111 rounds, 55 s).
     discrete : optional
         The discrete inputs (K&G 14): a boolean mask or column indices.
 
