@@ -2154,6 +2154,16 @@ def _half_sum_product(Q, dK):
 
 
 @njit(cache=True)
+def _eq31(Q, X, kernel, log_hyp, C, discrete):
+    """dF/d log_hyp_j = 1/2 sum_ik Q_ik dC_ik / d log_hyp_j for each j (K&G 31)."""
+    p = log_hyp.shape[0]
+    grad = np.empty(p)
+    for j in range(p):
+        grad[j] = _half_sum_product(Q, kernel_grad(kernel, X, log_hyp, C, j, discrete))
+    return grad
+
+
+@njit(cache=True)
 def em_ep_grad(K, X, kernel, log_hyp, mu, Sigma, discrete=None):
     """M-step of binary EM-EP: F_cov and its gradient in log_hyp, K&G eq. 31.
 
@@ -2175,11 +2185,7 @@ def em_ep_grad(K, X, kernel, log_hyp, mu, Sigma, discrete=None):
         (K&G 31), the log chain rule inside dC (kernel_grad).
     """
     F_cov, Q = _em_ep_weights(K, mu, Sigma)
-    p = log_hyp.shape[0]
-    grad = np.empty(p)
-    for j in range(p):
-        grad[j] = _half_sum_product(Q, kernel_grad(kernel, X, log_hyp, K, j, discrete))  # (K&G 31)
-    return F_cov, grad
+    return F_cov, _eq31(Q, X, kernel, log_hyp, K, discrete)
 
 
 # --- multi-class: the difference latents of K&G section 4.2 -------------------
@@ -2296,12 +2302,7 @@ def em_ep_grad_multiclass(C, y, X, kernel, log_hyp, mu, Sigma, discrete=None):
     O(n^2) per hyperparameter.
     """
     F_cov, Qg = _em_ep_weights(difference_covariance(C, y), mu, Sigma)
-    Q = _fold_differences(Qg, y)
-    p = log_hyp.shape[0]
-    grad = np.empty(p)
-    for j in range(p):
-        grad[j] = _half_sum_product(Q, kernel_grad(kernel, X, log_hyp, C, j, discrete))  # (K&G 31)
-    return F_cov, grad
+    return F_cov, _eq31(_fold_differences(Qg, y), X, kernel, log_hyp, C, discrete)
 
 
 @njit(cache=True)
