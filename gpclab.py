@@ -3304,6 +3304,40 @@ def information_bits_multiclass(P, y_test, y_train):
     return float(np.mean(ll) + base)
 
 
+def error_reject_curve(p_star, y_test, y_train=None):
+    """Error rate (and information) on the test cases kept, as rejections grow (GPML Figure 3.10).
+
+    A case is rejected when its larger class probability max(p, 1 - p) is
+    below a threshold; the thresholds run over the distinct confidences, so
+    cases of equal confidence are kept or rejected together. p_star : (m,)
+    probabilities of class +1; y_test, y_train : -1/+1 labels.
+
+    Returns a dict of arrays, one entry per threshold from the most to the
+    least confident: 'reject' (fraction of test cases rejected, ending at 0),
+    'error' (error rate among the cases kept) and, with y_train,
+    'information' (information_bits of the cases kept).
+    """
+    p = np.asarray(p_star, dtype=float)
+    yt = np.asarray(y_test, dtype=float)
+    if p.ndim != 1 or p.shape != yt.shape or p.size == 0:
+        raise ValueError(f"p_star and y_test must be non-empty 1-D arrays of one shape, got {p.shape} and {yt.shape}")
+    if not np.all((yt == 1) | (yt == -1)):
+        raise ValueError("y_test must contain only -1 and +1")
+    if not np.all(np.isfinite(p)) or np.any((p < 0) | (p > 1)):
+        raise ValueError("p_star must be probabilities in [0, 1]")
+    conf = np.maximum(p, 1.0 - p)
+    order = np.argsort(-conf, kind="stable")                  # most confident first
+    wrong = (np.where(p > 0.5, 1.0, -1.0) != yt)[order]
+    m = p.size
+    # the last case of each group of equal confidence: keeping it keeps the whole group
+    ends = np.flatnonzero(np.append(np.diff(conf[order]) != 0, True))
+    kept = ends + 1
+    out = {"reject": 1.0 - kept / m, "error": np.cumsum(wrong)[ends] / kept}
+    if y_train is not None:
+        out["information"] = np.array([information_bits(p[order[:k]], yt[order[:k]], y_train) for k in kept])
+    return out
+
+
 def _progress(iterable, total, progress, desc):
     if not progress:
         return iterable

@@ -188,3 +188,33 @@ def test_multiclass_needs_softmax_or_kim_ghahramani():
         gpclab.GPClassifier(likelihood="probit").fit(X, y)
     with pytest.raises(ValueError, match="n_samples"):
         gpclab.GPClassifier(n_samples=0).fit(X, y)
+
+
+def test_error_reject_curve_against_a_loop_over_thresholds():
+    """Check the error-reject curve against keeping, for each distinct threshold, the cases at or above it."""
+    rng = np.random.default_rng(4)
+    m = 60
+    y_te = np.where(rng.random(m) < 0.5, 1.0, -1.0)
+    y_tr = np.where(rng.random(40) < 0.4, 1.0, -1.0)
+    p = np.round(rng.random(m), 1)            # ties, and cases at exactly 0.5
+    p[:3] = [0.0, 1.0, 0.5]
+    out = gpclab.error_reject_curve(p, y_te, y_tr)
+    conf = np.maximum(p, 1 - p)
+    thresholds = np.sort(np.unique(conf))[::-1]
+    assert out["reject"].shape == thresholds.shape
+    for k, t in enumerate(thresholds):
+        keep = conf >= t
+        pred = np.where(p[keep] > 0.5, 1.0, -1.0)
+        assert out["reject"][k] == pytest.approx(1 - keep.mean(), abs=1e-15)
+        assert out["error"][k] == pytest.approx(np.mean(pred != y_te[keep]), abs=1e-15)
+        with np.errstate(divide="ignore"):
+            ll = np.where(y_te[keep] > 0, np.log2(p[keep]), np.log2(1 - p[keep]))
+        f1, q1 = np.mean(y_te[keep] > 0), np.mean(y_tr > 0)
+        base = -(f1 * np.log2(q1) + (1 - f1) * np.log2(1 - q1))
+        assert out["information"][k] == pytest.approx(np.mean(ll) + base, abs=1e-12)
+    assert out["reject"][-1] == 0.0
+    assert "information" not in gpclab.error_reject_curve(p, y_te)
+    with pytest.raises(ValueError, match="p_star"):
+        gpclab.error_reject_curve(p[:5], y_te)
+    with pytest.raises(ValueError, match="y_test"):
+        gpclab.error_reject_curve(p, np.zeros(m))
