@@ -70,6 +70,133 @@ from numba.extending import get_cython_function_address
 
 __version__ = "0.1.0"
 
+# ----------------------------------------------------------------------------
+# numba's cache for an installation shared by many users
+# ----------------------------------------------------------------------------
+# Every function below is @njit(cache=True): it compiles at its first call for
+# each new combination of argument types and is saved to disk, so the next
+# process loads it instead (see `python -m gpclab compile` at the end of the
+# file). numba's own cache takes one folder per function: next to the source
+# when that is writable, else ~/.cache/numba. A cache warmed inside a read-only
+# installation is then ignored, and with no writable home import fails. This
+# njit (which replaces numba's, imported above) keeps numba's compilation and
+# its cache files but looks in several folders: it reads from NUMBA_CACHE_DIR
+# (if set), the installation's __pycache__ and the per-user folder, and writes
+# new compilations to the first of them that is writable. With none writable it
+# warns once and compiles in memory.
+
+import os
+import tempfile
+from functools import lru_cache
+
+import numba
+from numba.core import caching as _caching
+from numba.misc.appdirs import AppDirs as _AppDirs
+
+
+@lru_cache(maxsize=None)
+def _writable(path):
+    """True if `path` exists or can be made, and a file can be created in it."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+        return True
+    except OSError:
+        return False
+
+
+@lru_cache(maxsize=None)
+def _cache_dirs(py_file):
+    """(write folder or None, folders to read in order) for functions defined in py_file."""
+    sub = _caching._CacheLocator.get_suitable_cache_subpath(py_file)
+    candidates = []
+    if numba.config.CACHE_DIR:
+        candidates.append(os.path.join(numba.config.CACHE_DIR, sub))
+    candidates.append(os.path.join(os.path.dirname(os.path.abspath(py_file)), "__pycache__"))
+    candidates.append(os.path.join(_AppDirs(appname="numba", appauthor=False).user_cache_dir, sub))
+    write = next((c for c in candidates if _writable(c)), None)
+    read = ([write] if write else []) + [c for c in candidates if c != write and os.path.isdir(c)]
+    return write, tuple(read)
+
+
+class _SharedCacheLocator(_caching._SourceFileBackedLocatorMixin, _caching._CacheLocator):
+    """numba cache locator: the folders of _cache_dirs; never refuses a function."""
+
+    def __init__(self, py_func, py_file):
+        self._py_file = py_file
+        self._lineno = py_func.__code__.co_firstlineno
+        self.write_path, self.read_paths = _cache_dirs(py_file)
+
+    def get_cache_path(self):
+        return self.write_path or (self.read_paths or (os.path.dirname(self._py_file),))[0]
+
+    def ensure_cache_path(self):
+        if self.write_path is None:
+            raise OSError("no writable numba cache folder")
+        super().ensure_cache_path()
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        return cls(py_func, py_file)
+
+
+class _SharedCacheImpl(_caching.CompileResultCacheImpl):
+    _locator_classes = [_SharedCacheLocator]
+
+
+_cache_warned = []
+
+
+class _SharedCache(_caching.FunctionCache):
+    """numba's FunctionCache reading from every folder of the locator, writing to the first."""
+
+    _impl_class = _SharedCacheImpl
+
+    def __init__(self, py_func):
+        super().__init__(py_func)
+        stamp = self._impl.locator.get_source_stamp()
+        self._read_files = [_caching.IndexDataCacheFile(path, self._impl.filename_base, stamp)
+                            for path in self._impl.locator.read_paths]
+
+    def _load_overload(self, sig, target_context):
+        if not self._enabled:
+            return None
+        key = self._index_key(sig, target_context.codegen())
+        for cache_file in self._read_files:
+            try:
+                data = cache_file.load(key)
+            except OSError:
+                continue
+            if data is not None:
+                return self._impl.rebuild(target_context, data)
+        return None
+
+    def _save_overload(self, sig, data):
+        try:
+            super()._save_overload(sig, data)
+        except OSError as e:
+            if not _cache_warned:
+                _cache_warned.append(True)
+                warnings.warn(f"gpclab: cannot save compiled functions ({e}; tried "
+                              f"{', '.join(_cache_dirs(self._impl.locator._py_file)[1]) or 'none'}): "
+                              "each new process compiles again. Set NUMBA_CACHE_DIR to a writable "
+                              "folder, or ask the administrator to run `python -m gpclab compile`.",
+                              RuntimeWarning, stacklevel=2)
+
+
+def njit(*args, **options):
+    """numba.njit; with cache=True the cache is _SharedCache (see above)."""
+    if args or not options.get("cache"):
+        return numba.njit(*args, **options)
+    options = dict(options, cache=False)
+
+    def decorate(py_func):
+        disp = numba.njit(**options)(py_func)
+        if isinstance(disp, numba.core.dispatcher.Dispatcher):
+            disp._cache = _SharedCache(py_func)
+        return disp
+    return decorate
+
 # ============================================================================
 # 1. Numerics: log Phi, N/Phi, triangular solves, quadrature rules
 # ============================================================================
@@ -3880,3 +4007,121 @@ def three_gaussians_probability(x):
     x = np.asarray(x, dtype=float)
     dens = [k * np.exp(-0.5 * ((x - c) / 0.8) ** 2) for c, k, _ in _THREE_GAUSSIANS]
     return (dens[0] + dens[2]) / (dens[0] + dens[1] + dens[2])
+
+
+# ============================================================================
+# `python -m gpclab compile`: warm numba's cache for every user of this installation
+# ============================================================================
+
+def _compile_all(paths=None, log=print):
+    """Run every public code path once on tiny data, so numba compiles and caches it.
+
+    The argument types are those the lectures and exercises use (float arrays, label
+    strings, optional warm starts given or None). paths: a subset of _COMPILE_PATHS
+    (default all). Returns {path: seconds}.
+    """
+    import time
+    r = np.random.default_rng(0)
+    X = r.standard_normal((8, 2))
+    Xs = r.standard_normal((3, 2))
+    X1 = np.ascontiguousarray(X[:, :1])
+    y = np.where(X[:, 0] > 0, 1.0, -1.0)
+    y[0] = -y[0]
+    labels3 = np.array([0, 1, 2, 0, 1, 2, 0, 1])
+    grid = np.array([0.0, 0.5])
+    K = kernel_matrix("se", X, X, np.zeros(2))
+
+    def binary_laplace():
+        for lik in ("logistic", "probit"):
+            m = GPClassifier(likelihood=lik, max_iter=3).fit(X, y)
+            m.predict_proba(Xs), m.predict_proba(Xs, rule="map"), m.predict(Xs)
+        GPClassifier(kernel="ard", max_iter=3).fit(X, y).predict_proba(Xs)
+        evidence_grid(X1, y, grid, grid, progress=False, X_test=X1[:3], y_test=y[:3])
+        laplace_mode(K, y, "logistic")
+        log_likelihood("logistic", y, np.zeros(8)), logistic(y, np.zeros(8)), probit(y, np.zeros(8))
+        kernel_diag("se", Xs, np.zeros(2))
+
+    def binary_ep():
+        for lik in ("probit", "step"):
+            GPClassifier(method="ep", likelihood=lik, max_iter=3).fit(X, y).predict_proba(Xs)
+        evidence_grid(X1, y, grid, grid, method="ep", likelihood="probit", progress=False,
+                      X_test=X1[:3], y_test=y[:3])
+        ep(K, y), ep(K, y, likelihood="step", eps=0.1), probit_moments(1.0, 0.0, 1.0)
+        exact_log_evidence_probit(K, y)
+
+    def em_ep_paths():
+        GPClassifier(method="emep", max_iter=2).fit(X, y).predict_proba(Xs)
+        GPClassifier(method="emep", kernel="kg_iso", max_iter=2, learn_eps=True).fit(X, y)
+        Xd = np.column_stack([X[:, 0], (X[:, 1] > 0).astype(float)])
+        GPClassifier(method="emep", max_iter=2, discrete=[False, True]).fit(Xd, y).predict_proba(Xs)
+        m = GPClassifier(method="emep", max_iter=2).fit(X, labels3)
+        m.predict_proba(Xs), m.predict(Xs)
+
+    def multiclass_laplace():
+        GPClassifier(max_iter=3).fit(X, labels3).predict_proba(Xs)
+        GPClassifier(max_iter=3, shared_hyp=False).fit(X, labels3).predict_proba(Xs)
+        evidence_grid(X1, labels3, grid, grid, progress=False, X_test=X1[:3], y_test=labels3[:3],
+                      n_samples=10)
+
+    def mcmc():
+        mcmc_posterior(X, y, np.zeros(2), X_test=Xs, n_samples=5, burn_in=2)
+        ais_grid(X1, y, grid[:1], grid[:1], T=5, R=1, progress=False)
+        Kj = K + 1e-8 * np.eye(8)
+        ais(Kj, y, "logistic", T=5, R=1), hmc_step_size(Kj, "probit")
+        C = Kj[:3, :3] + np.eye(3)
+        truncated_gaussian_gibbs(C, 5), truncated_gaussian_mh(C, 5, 0.1)
+        s = hmc_hyperparameters(X, y, n_iter=2, n_leapfrog=2)
+        predict_averaged(X, y, Xs, s["samples"])
+
+    times = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        runs = {"laplace": binary_laplace, "ep": binary_ep, "emep": em_ep_paths,
+                "multiclass": multiclass_laplace, "mcmc": mcmc}
+        for name in paths or _COMPILE_PATHS:
+            run = runs[name]
+            t0 = time.perf_counter()
+            run()
+            times[name] = time.perf_counter() - t0
+            log(f"  {_COMPILE_PATHS[name]:28s} {times[name]:6.1f} s")
+    return times
+
+
+_COMPILE_PATHS = {"laplace": "binary Laplace", "ep": "binary EP", "emep": "EM-EP",
+                  "multiclass": "multi-class Laplace", "mcmc": "MCMC, AIS, truncated Gaussians"}
+
+
+def main(argv=None):
+    """Command line: `python -m gpclab compile` (run once after installing)."""
+    import argparse
+    parser = argparse.ArgumentParser(
+        prog="python -m gpclab",
+        description="gpclab command line. compile: compile every public code path into numba's "
+                    "cache, so that every user of this installation loads it instead of compiling. "
+                    "The cache goes to NUMBA_CACHE_DIR if set, else next to gpclab.py.")
+    parser.add_argument("command", choices=["compile"])
+    parser.add_argument("paths", nargs="*", metavar="path",
+                        help="only these code paths (default: all): " + ", ".join(
+                            f"{k} ({v})" for k, v in _COMPILE_PATHS.items()))
+    args = parser.parse_args(argv)
+    for path in args.paths:
+        if path not in _COMPILE_PATHS:
+            parser.error(f"unknown path {path!r}; choose from {', '.join(_COMPILE_PATHS)}")
+    write, read = _cache_dirs(os.path.abspath(__file__))
+    print(f"gpclab {__version__}: compiling into {write or 'memory only'}")
+    total = sum(_compile_all(args.paths).values())
+    print(f"done in {total:.1f} s")
+    if write is None:
+        print("no writable cache folder: nothing was saved (set NUMBA_CACHE_DIR or run as the "
+              "installation's owner)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    # Run the function of the imported module, so the cache belongs to gpclab's
+    # functions and not to a second copy of them defined in __main__.
+    import sys
+
+    import gpclab
+    sys.exit(gpclab.main())

@@ -1,0 +1,139 @@
+"""A course installation: warmed once by `python -m gpclab compile`, then used read-only.
+
+A copy of gpclab.py in a temporary folder stands for a non-editable installation. The
+administrator warms its cache with the compile command (the binary Laplace path, to keep the
+test short); the folder is then made read-only (chmod, or a read-only bind mount when the
+tests run as root, whom chmod does not stop) and used by fresh processes whose home folder is
+read-only too. numba's dispatcher statistics tell cache hits from compilations.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+from scipy.stats import norm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Runs in the user's process: the Laplace path the administrator warmed, then a function
+# it did not warm. Prints the cache statistics and the warnings as JSON.
+USER_CODE = r"""
+import json, warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import numba
+    import gpclab
+
+    def stats():
+        hits = misses = 0
+        for name in dir(gpclab):
+            f = getattr(gpclab, name)
+            if isinstance(f, numba.core.dispatcher.Dispatcher):
+                hits += sum(f.stats.cache_hits.values())
+                misses += sum(f.stats.cache_misses.values())
+        return hits, misses
+
+    X, y = gpclab.make_three_gaussians(seed=0)
+    m = gpclab.GPClassifier(max_iter=3).fit(X, y)
+    p = m.predict_proba([[-6.0], [0.0]])
+    warmed = stats()
+    moments = gpclab.probit_moments(1.0, 0.5, 2.0)
+    after = stats()
+print(json.dumps({"warmed": warmed, "after": after, "p": p.tolist(), "moments": list(moments),
+                  "file": gpclab.__file__,
+                  "warnings": [f"{w.category.__name__}: {w.message}" for w in caught]}))
+"""
+
+
+def _env(home, **extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("NUMBA_", "XDG_")) and k != "PYTHONPATH"}
+    env.update(HOME=home, **extra)
+    return env
+
+
+def _run_user(ro_root, env):
+    """USER_CODE in a fresh process that cannot write below ro_root."""
+    if os.geteuid() == 0:
+        cmd = ["unshare", "-m", "sh", "-c",
+               'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$1" -c "$2"',
+               ro_root, sys.executable, USER_CODE]
+    else:
+        cmd = [sys.executable, "-c", USER_CODE]
+    r = subprocess.run(cmd, env=env, cwd=os.path.dirname(ro_root), capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _check_results(out):
+    """The answers are right: probit moments (GPML 3.58) against scipy; sensible predictions."""
+    y, mu, s2 = 1.0, 0.5, 2.0
+    z = y * mu / (1 + s2) ** 0.5
+    r = norm.pdf(z) / norm.cdf(z)
+    assert out["moments"] == pytest.approx(
+        [norm.logcdf(z), mu + y * s2 * r / (1 + s2) ** 0.5,
+         s2 - s2 ** 2 * r * (z + r) / (1 + s2)], rel=1e-12)
+    assert out["p"][0][1] > 0.5 > out["p"][1][1]           # P(class +1) at x = -6 and 0
+
+
+@pytest.fixture(scope="module")
+def installation():
+    if os.geteuid() == 0:
+        probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount --bind / /mnt"],
+                               capture_output=True) if shutil.which("unshare") else None
+        if probe is None or probe.returncode != 0:
+            pytest.skip("running as root without mount namespaces: cannot make a folder read-only")
+    tmp = tempfile.mkdtemp(prefix="gpclab-deploy-")
+    ro = os.path.join(tmp, "ro")
+    site, home = os.path.join(ro, "site"), os.path.join(ro, "home")
+    os.makedirs(site)
+    os.makedirs(home)
+    shutil.copy(os.path.join(ROOT, "gpclab.py"), site)
+    admin = subprocess.run([sys.executable, "-m", "gpclab", "compile", "laplace"], cwd=tmp,
+                           env=_env(os.path.join(tmp, "admin"), PYTHONPATH=site),
+                           capture_output=True, text=True, timeout=1200)
+    assert admin.returncode == 0, admin.stderr
+    assert os.path.join(site, "__pycache__") in admin.stdout
+    if os.geteuid() != 0:
+        subprocess.run(["chmod", "-R", "a-w", ro], check=True)
+    yield tmp, ro, site, home
+    subprocess.run(["chmod", "-R", "u+w", tmp], check=True)
+    shutil.rmtree(tmp)
+
+
+def test_read_only_installation_and_home_loads_the_warmed_cache(installation):
+    """No writable folder at all: imports, loads the warmed path without compiling, one warning."""
+    tmp, ro, site, home = installation
+    out = _run_user(ro, _env(home, PYTHONPATH=site))
+    assert out["file"] == os.path.join(site, "gpclab.py")
+    hits, misses = out["warmed"]
+    assert misses == 0 and hits > 0                       # everything loaded, nothing compiled
+    assert out["after"][1] > 0                            # probit_moments was not warmed: compiled
+    assert len(out["warnings"]) == 1, out["warnings"]     # ... in memory, with one warning
+    assert out["warnings"][0].startswith("RuntimeWarning: gpclab: cannot save compiled functions")
+    _check_results(out)
+
+
+@pytest.mark.parametrize("where", ["home", "NUMBA_CACHE_DIR"])
+def test_new_compilations_go_to_a_private_cache_and_the_shared_one_is_still_read(installation, where):
+    """A writable home (or NUMBA_CACHE_DIR) keeps what the shared cache lacks, for the next process."""
+    tmp, ro, site, home = installation
+    private = tempfile.mkdtemp(dir=tmp)
+    if where == "home":
+        env = _env(private, PYTHONPATH=site)
+    else:
+        env = _env(home, PYTHONPATH=site, NUMBA_CACHE_DIR=private)
+    first = _run_user(ro, env)
+    assert first["warmed"][1] == 0 and first["warmed"][0] > 0
+    assert first["after"][1] > 0 and first["warnings"] == []
+    saved = [f for _, _, files in os.walk(private) for f in files]
+    assert any(f.startswith("gpclab.probit_moments") and f.endswith(".nbc") for f in saved), saved
+    assert not any(f.startswith("gpclab.laplace_mode") for f in saved), saved
+    second = _run_user(ro, env)
+    assert second["after"][1] == 0 and second["after"][0] > second["warmed"][0]
+    assert second["warnings"] == []
+    _check_results(second)
