@@ -2397,7 +2397,10 @@ def ep_multiclass(C, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_s
     """
     Kg = difference_covariance(C, y)
     ones = np.ones(Kg.shape[0])
-    return ep(Kg, ones, nu_tilde_init, tau_tilde_init, tol, max_sweeps, "natural", 0, "step", 0.0)
+    # arguments typed as at a call from Python (not numba literals), so that this call
+    # shares ep's compilation for likelihood 'step' instead of compiling it again
+    return ep(Kg, ones, nu_tilde_init, tau_tilde_init, float(tol), np.int64(max_sweeps),
+              "natural"[:], np.int64(0), "step"[:], 0.0)
 
 
 @njit(cache=True)

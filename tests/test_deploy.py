@@ -31,6 +31,7 @@ with warnings.catch_warnings(record=True) as caught:
         hits = misses = 0
         for name in dir(gpclab):
             f = getattr(gpclab, name)
+            f = getattr(f, "dispatcher", f)  # a public function's njit body
             if isinstance(f, numba.core.dispatcher.Dispatcher):
                 hits += sum(f.stats.cache_hits.values())
                 misses += sum(f.stats.cache_misses.values())

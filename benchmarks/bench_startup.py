@@ -1,0 +1,248 @@
+"""Start-up cost of gpclab for a course: first cell, compile time, autograding.
+
+Measures, in fresh processes on copies of gpclab.py in temporary folders (a stand-in for a
+non-editable installation):
+
+1. the first cell of a new user (import; Laplace, EP and EM-EP fits with predictions on
+   GPML's three-Gaussians data; a short AIS run) with
+   - a cold cache (nothing compiled yet),
+   - a warmed shared cache: `python -m gpclab compile` run by the owner, then the folder
+     made read-only and the user's home read-only too,
+   - a warm private cache (the same user's second process);
+2. the compile time of every public code path from an empty cache (`python -m gpclab
+   compile`), per path, optionally beside another gpclab.py (`--reference`, e.g. an older
+   version) in the same run;
+3. nbgrader autograding seconds per submission, cold and warm (`--assignment`, default
+   ex3_10_4, two solved submissions);
+4. the ratios measured by other benchmark scripts, side by side (extra_ratios below).
+
+Times are wall-clock and CPU seconds of the measured process (CPU time is much less
+disturbed by other load on the machine than wall time); the load average is printed
+with them. Run from the repository root: `python benchmarks/bench_startup.py` (add
+`--skip-autograde`, `--skip-compile` to shorten).
+"""
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+FIRST_CELL = r"""
+import os, time, json, warnings
+t0, c0 = time.perf_counter(), time.process_time()
+import numpy as np
+import gpclab
+t_import = time.perf_counter() - t0
+X, y = gpclab.make_three_gaussians(seed=0)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    for method in ("laplace", "ep", "emep"):
+        model = gpclab.GPClassifier(method=method).fit(X, y)
+        p = model.predict_proba(X[:5])
+    K = gpclab.kernel_matrix("se", X, X, np.log([2.0, 2.0])) + 1e-8 * np.eye(X.shape[0])
+    log_Z = gpclab.ais(K, y, "probit", T=200, R=2)
+print(json.dumps({"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0,
+                  "import": t_import, "file": gpclab.__file__}))
+"""
+
+
+def load():
+    return os.getloadavg()[0]
+
+
+def env_for(home, site, **extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("NUMBA_", "XDG_")) and k != "PYTHONPATH"}
+    env.update(HOME=home, PYTHONPATH=site, OPENBLAS_NUM_THREADS="1", **extra)
+    return env
+
+
+def install_copy(tmp, name, source=os.path.join(ROOT, "gpclab.py")):
+    """A fresh 'installation': a folder holding only gpclab.py, with no cache yet."""
+    site = os.path.join(tmp, name, "site")
+    os.makedirs(site)
+    shutil.copy(source, os.path.join(site, "gpclab.py"))
+    return site
+
+
+def run_json(code, env, read_only=None):
+    """Run code in a fresh Python; read_only: a folder the process cannot write."""
+    cmd = [sys.executable, "-c", code]
+    if read_only and os.geteuid() == 0:   # chmod does not stop root: a read-only bind mount
+        cmd = ["unshare", "-m", "sh", "-c",
+               'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$1" -c "$2"',
+               read_only, sys.executable, code]
+    out = subprocess.run(cmd, env=env, cwd=env["HOME"] if os.path.isdir(env["HOME"]) else "/",
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def compile_command(site, home, paths=()):
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "gpclab", "compile", *paths],
+                         env=env_for(home, site), cwd=os.path.dirname(site),
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr)
+    return time.perf_counter() - t0, out.stdout
+
+
+COMPILE_CPU = r"""
+import json, sys, time, inspect, importlib.util
+c0, t0 = time.process_time(), time.perf_counter()
+spec = importlib.util.spec_from_file_location("gpclab", sys.argv[1])
+gp = importlib.util.module_from_spec(spec); sys.modules["gpclab"] = gp; spec.loader.exec_module(gp)
+if not hasattr(gp, "_compile_all"):  # an older gpclab: run this version's workload on it
+    exec(sys.argv[2], gp.__dict__)
+times = {}
+for path in gp._COMPILE_PATHS:
+    c1 = time.process_time()
+    gp._compile_all([path], log=lambda s: None)
+    times[path] = time.process_time() - c1
+print(json.dumps({"paths": times, "cpu": time.process_time() - c0,
+                  "wall": time.perf_counter() - t0}))
+"""
+
+
+def first_cell(tmp):
+    print(f"\n1. First cell of a new user (load average {load():.1f})")
+    res = {}
+    # cold: an installation nobody has compiled, a writable home
+    site = install_copy(tmp, "cold")
+    home = os.path.join(tmp, "cold", "home")
+    os.makedirs(home)
+    res["cold"] = run_json(FIRST_CELL, env_for(home, site))
+    # warm private: the same user's next process
+    res["warm private"] = run_json(FIRST_CELL, env_for(home, site))
+    # warmed shared: the owner compiles, then installation and home are read-only
+    ro = os.path.join(tmp, "shared", "ro")
+    site = install_copy(os.path.join(tmp, "shared"), "ro")
+    home = os.path.join(ro, "home")
+    os.makedirs(home)
+    res["compile command (wall)"] = compile_command(site, os.path.join(tmp, "shared", "admin"))[0]
+    if os.geteuid() != 0:
+        subprocess.run(["chmod", "-R", "a-w", ro], check=True)
+    res["warmed shared, read-only"] = run_json(FIRST_CELL, env_for(home, site), read_only=ro)
+    subprocess.run(["chmod", "-R", "u+w", ro], check=True)
+    for k, v in res.items():
+        if isinstance(v, dict):
+            print(f"  {k:28s} wall {v['wall']:6.2f} s   cpu {v['cpu']:6.2f} s   "
+                  f"(import {v['import']:.2f} s)")
+        else:
+            print(f"  {k:28s} wall {v:6.2f} s")
+    print(f"  load average after: {load():.1f}")
+    return res
+
+
+def compile_times(tmp, reference=None):
+    print(f"\n2. Compile time of every public path from an empty cache (load average {load():.1f})")
+    import inspect
+    sys.path.insert(0, ROOT)
+    import gpclab
+    workload = inspect.getsource(gpclab._compile_all) + "\n_COMPILE_PATHS = " + repr(
+        gpclab._COMPILE_PATHS)
+    res = {}
+    for name, source in [("this gpclab.py", os.path.join(ROOT, "gpclab.py")),
+                         ("reference", reference)]:
+        if source is None:
+            continue
+        site = install_copy(tmp, "compile-" + name.replace(" ", "_"), source)
+        home = os.path.join(os.path.dirname(site), "home")
+        os.makedirs(home)
+        out = subprocess.run([sys.executable, "-c", COMPILE_CPU, os.path.join(site, "gpclab.py"),
+                              workload], env=env_for(home, site), cwd=home,
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(out.stderr)
+        res[name] = r = json.loads(out.stdout.strip().splitlines()[-1])
+        per_path = ", ".join(f"{k} {v:.1f}" for k, v in r["paths"].items())
+        print(f"  {name:16s} cpu {r['cpu']:6.1f} s  wall {r['wall']:6.1f} s  ({per_path}; cpu s)")
+    if len(res) == 2:
+        print(f"  ratio of CPU times, this / reference: "
+              f"{res['this gpclab.py']['cpu'] / res['reference']['cpu']:.2f}")
+    print(f"  load average after: {load():.1f}")
+    return res
+
+
+def autograde(tmp, assignment, n_submissions=2):
+    print(f"\n3. nbgrader autograde, {assignment}, {n_submissions} submissions "
+          f"(load average {load():.1f})")
+    res = {}
+    for state in ("cold", "warm"):
+        base = os.path.join(tmp, "grade-" + state)
+        site = install_copy(tmp, "grade-" + state)
+        home = os.path.join(base, "home")
+        os.makedirs(home)
+        if state == "warm":
+            compile_command(site, home)
+        course = os.path.join(base, "course")
+        shutil.copytree(os.path.join(ROOT, "exercises"), course, ignore=shutil.ignore_patterns(
+            "release", "submitted", "autograded", "feedback", "gradebook.db", ".ipynb_checkpoints"))
+        env = env_for(home, site)
+        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+        for var in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "IPYTHONDIR"):
+            env[var] = os.path.join(base, var.lower())
+        nbgrader = os.path.join(os.path.dirname(sys.executable), "nbgrader")
+        subprocess.run([nbgrader, "generate_assignment", assignment, "--force"], cwd=course,
+                       env=env, capture_output=True, check=True)
+        for s in range(n_submissions):
+            dest = os.path.join(course, "submitted", f"student{s}", assignment)
+            os.makedirs(dest)
+            for nb in glob.glob(os.path.join(course, "source", assignment, "*.ipynb")):
+                shutil.copy(nb, dest)
+        t0 = time.perf_counter()
+        subprocess.run([nbgrader, "autograde", assignment, "--force"], cwd=course, env=env,
+                       capture_output=True, check=True)
+        res[state] = (time.perf_counter() - t0) / n_submissions
+        print(f"  {state:5s} cache: {res[state]:6.1f} s per submission (wall)")
+    print(f"  load average after: {load():.1f}")
+    return res
+
+
+def extra_ratios():
+    """Speed ratios of other benchmark scripts, run here side by side with the above.
+
+    Add one call per measurement, each returning {label: ratio} (e.g. the executor
+    speed-up of the AIS grid, multi-class prediction time against scikit-learn, ML-II
+    on EP's evidence against GPy); they are printed in section 4.
+    """
+    results = {}
+    return results
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reference", help="another gpclab.py to compile beside this one")
+    parser.add_argument("--assignment", default="ex3_10_4")
+    parser.add_argument("--skip-compile", action="store_true")
+    parser.add_argument("--skip-autograde", action="store_true")
+    args = parser.parse_args()
+    print(f"bench_startup: load average {os.getloadavg()}, {os.cpu_count()} CPUs")
+    tmp = tempfile.mkdtemp(prefix="gpclab-startup-")
+    os.chmod(tmp, 0o755)
+    try:
+        first_cell(tmp)
+        if not args.skip_compile:
+            compile_times(tmp, args.reference)
+        if not args.skip_autograde:
+            autograde(tmp, args.assignment)
+        ratios = extra_ratios()
+        if ratios:
+            print(f"\n4. Other measurements (load average {load():.1f})")
+            for k, v in ratios.items():
+                print(f"  {k:50s} {v:8.2f}")
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", tmp])
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
