@@ -3476,7 +3476,7 @@ def _progress(iterable, total, progress, desc):
 
 
 def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", method="laplace",
-                  X_test=None, y_test=None, progress=True, n_samples=1000, seed=0):
+                  X_test=None, y_test=None, progress=True, n_samples=1000, seed=0, executor=None):
     """Approximate log evidence on a grid of (log l, log sf), for contour figures.
 
     method 'laplace' gives log q (3.32), 'ep' log Z_EP (3.65); with more
@@ -3487,7 +3487,16 @@ def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", met
     information_bits_multiclass with n_samples Monte Carlo samples seeded
     by seed) and 'error' (test error rate). Rows run over log_sf, columns
     over log_ell, as plt.contour(log_ell, log_sf, Z) expects. Newton's
-    method (or EP) warm-starts from the neighbouring grid point.
+    method (or EP) warm-starts from the neighbouring grid point of its row.
+
+    executor: a concurrent.futures-style executor (anything with
+    submit(fn, *args) returning a future with .result()), e.g.
+    concurrent.futures.ProcessPoolExecutor() or, on a cluster,
+    dask.distributed's Client(...).get_executor(). Each row of the grid is
+    one task (the warm starts run along a row, from its first column, in
+    the serial run too), so the result is identical to executor=None.
+    Workers run numba with one thread each. See the README, "Running grids
+    on a cluster".
     """
     _check_choice(kernel, "kernel", ("se",))
     _check_choice(likelihood, "likelihood", _LIKELIHOODS)
@@ -3529,37 +3538,96 @@ def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", met
     if with_test:
         out["information"] = np.empty(shape)
         out["error"] = np.empty(shape)
-    cells = [(i, j) for i in range(shape[0]) for j in range(shape[1])]
-    warm = None
-    for i, j in _progress(cells, len(cells), progress, f"{method} evidence grid"):
-        if j == 0:
-            warm = None
-        h = np.array([log_ell[j], log_sf[i]])
-        hh = np.tile(h, (C, 1)) if multi else h
-        v, _, res, warm = evidence(X, y_pm, hh, kernel, likelihood, method, warm, False)
-        _warn_not_converged(res, "evidence_grid")
-        out["log_q"][i, j] = v
-        if with_test and multi:
-            Kc = kernel_matrix(kernel, X, X, h)
-            Ks = kernel_matrix(kernel, X, X_test, h)
-            kss = kernel_diag(kernel, X_test, h)
-            P, _, _ = laplace_predict_multiclass(
-                np.stack([Kc] * C), y_pm, res.f_hat, np.stack([Ks] * C), np.stack([kss] * C),
-                n_samples, seed, res.E, res.M)
-            out["information"][i, j] = information_bits_multiclass(P.T, yt_idx, idx)
-            out["error"][i, j] = np.mean(np.argmax(P, axis=0) != yt_idx)
-        elif with_test:
-            K = kernel_matrix(kernel, X, X, h)
-            K_star = kernel_matrix(kernel, X, X_test, h)
-            kss = kernel_diag(kernel, X_test, h)
-            if method == "laplace":
-                p, _, _ = laplace_predict(res.f_hat, K, y_pm, likelihood, K_star, kss,
-                                          "average", res.L)
-            else:
-                p, _, _ = ep_predict(res.nu_tilde, res.tau_tilde, K, K_star, kss, res.L)
-            out["information"][i, j] = information_bits(p, yt_pm, y_pm)
-            out["error"][i, j] = np.mean(np.where(p > 0.5, 1.0, -1.0) != yt_pm)
+    else:
+        X_test = yt_idx = yt_pm = None
+    task = (X, y_pm, idx, C, log_ell, kernel, likelihood, method, X_test, yt_idx, yt_pm, n_samples, seed)
+    rows = _run_tasks(_evidence_grid_row, [task + (log_sf[i],) for i in range(shape[0])], executor,
+                      progress, f"{method} evidence grid")
+    for i, (log_q, info, err, caught) in enumerate(rows):
+        for message in caught:
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+        out["log_q"][i] = log_q
+        if with_test:
+            out["information"][i] = info
+            out["error"][i] = err
     return out
+
+
+def _run_tasks(fn, tasks, executor, progress, desc):
+    """[fn(*t) for t in tasks], serially or on a concurrent.futures-style executor.
+
+    With an executor every task is submitted at once and the results are
+    collected in the order of tasks; the task runs with one numba thread
+    (and one BLAS thread) so that workers sharing a machine do not
+    oversubscribe it.
+    """
+    if executor is None:
+        return [fn(*t) for t in _progress(tasks, len(tasks), progress, desc)]
+    if not callable(getattr(executor, "submit", None)):
+        raise ValueError(f"executor must have a submit(fn, *args) method (a concurrent.futures.Executor), "
+                         f"got {type(executor).__name__}")
+    futures = [executor.submit(_single_threaded, fn, t) for t in tasks]
+    return [f.result() for f in _progress(futures, len(futures), progress, desc)]
+
+
+def _single_threaded(fn, args):
+    """Run fn(*args) in an executor's worker with one numba thread and one BLAS thread."""
+    import contextlib
+    import numba
+    try:
+        from threadpoolctl import threadpool_limits
+        blas = threadpool_limits(1)
+    except ImportError:
+        blas = contextlib.nullcontext()
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        with blas:
+            return fn(*args)
+    finally:
+        numba.set_num_threads(threads)
+
+
+def _evidence_grid_row(X, y_pm, idx, C, log_ell, kernel, likelihood, method, X_test, yt_idx, yt_pm,
+                       n_samples, seed, log_sf_i):
+    """One row of evidence_grid (fixed log sf), warm-starting along it from its first column.
+
+    Returns (log_q, information, error, warning messages), each a row."""
+    multi = C > 2
+    m = log_ell.size
+    log_q = np.empty(m)
+    info = np.full(m, np.nan)
+    err = np.full(m, np.nan)
+    warm = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for j in range(m):
+            h = np.array([log_ell[j], log_sf_i])
+            hh = np.tile(h, (C, 1)) if multi else h
+            v, _, res, warm = evidence(X, y_pm, hh, kernel, likelihood, method, warm, False)
+            _warn_not_converged(res, "evidence_grid")
+            log_q[j] = v
+            if X_test is not None and multi:
+                Kc = kernel_matrix(kernel, X, X, h)
+                Ks = kernel_matrix(kernel, X, X_test, h)
+                kss = kernel_diag(kernel, X_test, h)
+                P, _, _ = laplace_predict_multiclass(
+                    np.stack([Kc] * C), y_pm, res.f_hat, np.stack([Ks] * C), np.stack([kss] * C),
+                    n_samples, seed, res.E, res.M)
+                info[j] = information_bits_multiclass(P.T, yt_idx, idx)
+                err[j] = np.mean(np.argmax(P, axis=0) != yt_idx)
+            elif X_test is not None:
+                K = kernel_matrix(kernel, X, X, h)
+                K_star = kernel_matrix(kernel, X, X_test, h)
+                kss = kernel_diag(kernel, X_test, h)
+                if method == "laplace":
+                    p, _, _ = laplace_predict(res.f_hat, K, y_pm, likelihood, K_star, kss,
+                                              "average", res.L)
+                else:
+                    p, _, _ = ep_predict(res.nu_tilde, res.tau_tilde, K, K_star, kss, res.L)
+                info[j] = information_bits(p, yt_pm, y_pm)
+                err[j] = np.mean(np.where(p > 0.5, 1.0, -1.0) != yt_pm)
+    return log_q, info, err, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
 
 
 # --- MCMC: the gold standard (K&R section 6, W&B section 3.2) ---------------------
@@ -3631,14 +3699,21 @@ def hmc_step_size(K, likelihood):
 
 
 def ais_grid(X, y, log_ell, log_sf, likelihood="probit", T=8000, R=3, step="auto", n_leapfrog=10,
-             seed=0, progress=True):
+             seed=0, progress=True, executor=None):
     """AIS log p(y|X) (K&R Algorithm 3) on a grid of (log l, log sf), SE covariance.
 
     step 'auto' picks the step and number of leapfrog steps at each grid
     point by hmc_step_size (the signal variance changes the stiffness by
     orders of magnitude across a grid); a number fixes them.
     Returns a dict of (len(log_sf), len(log_ell)) arrays 'log_Z' and 'se' (its
-    standard error), laid out as evidence_grid's.
+    standard error), laid out as evidence_grid's. Grid point (i, j) is seeded
+    with seed + 1000 (i len(log_ell) + j).
+
+    executor: a concurrent.futures-style executor, as in evidence_grid
+    (ProcessPoolExecutor, or dask.distributed's Client(...).get_executor()
+    on a cluster). Each grid point is one task, run with one numba thread
+    (ais's runs then go one after the other in each worker instead of in
+    threads); the result is identical to executor=None.
     """
     X = _as_2d_float(X, "X")
     y_pm, _ = binary_labels(y, "y")
@@ -3649,15 +3724,22 @@ def ais_grid(X, y, log_ell, log_sf, likelihood="probit", T=8000, R=3, step="auto
     log_sf = np.atleast_1d(np.asarray(log_sf, dtype=float))
     shape = (log_sf.size, log_ell.size)
     out = {"log_Z": np.empty(shape), "se": np.empty(shape)}
-    cells = [(i, j) for i in range(shape[0]) for j in range(shape[1])]
-    for i, j in _progress(cells, len(cells), progress, "AIS grid"):
-        h = np.array([log_ell[j], log_sf[i]])
-        K = kernel_matrix("se", X, X, h) + 1e-8 * np.exp(2 * h[1]) * np.eye(X.shape[0])
-        eps, nl = hmc_step_size(K, likelihood) if step == "auto" else (step, n_leapfrog)
-        lz, _, se = ais(K, y_pm, likelihood, T, R, eps, nl, seed + 1000 * (i * shape[1] + j))
-        out["log_Z"][i, j] = lz
-        out["se"][i, j] = se
+    tasks = [(X, y_pm, likelihood, T, R, step, n_leapfrog, log_ell[j], log_sf[i],
+              seed + 1000 * (i * shape[1] + j)) for i in range(shape[0]) for j in range(shape[1])]
+    results = _run_tasks(_ais_grid_point, tasks, executor, progress, "AIS grid")
+    for k, (lz, se) in enumerate(results):
+        out["log_Z"][k // shape[1], k % shape[1]] = lz
+        out["se"][k // shape[1], k % shape[1]] = se
     return out
+
+
+def _ais_grid_point(X, y_pm, likelihood, T, R, step, n_leapfrog, log_ell_j, log_sf_i, seed):
+    """One point of ais_grid: (log Z, its standard error)."""
+    h = np.array([log_ell_j, log_sf_i])
+    K = kernel_matrix("se", X, X, h) + 1e-8 * np.exp(2 * h[1]) * np.eye(X.shape[0])
+    eps, nl = hmc_step_size(K, likelihood) if step == "auto" else (step, n_leapfrog)
+    lz, _, se = ais(K, y_pm, likelihood, T, R, eps, nl, seed)
+    return lz, se
 
 
 def hmc_hyperparameters(X, y, kernel="ard", likelihood="logistic", log_hyp0=None, n_iter=200,
