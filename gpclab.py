@@ -3557,12 +3557,14 @@ def _run_tasks(fn, tasks, executor, progress, desc):
     """[fn(*t) for t in tasks], serially or on a concurrent.futures-style executor.
 
     With an executor every task is submitted at once and the results are
-    collected in the order of tasks; the task runs with one numba thread
-    (and one BLAS thread) so that workers sharing a machine do not
-    oversubscribe it.
+    collected in the order of tasks; each task runs with one numba thread so
+    that workers sharing a machine do not oversubscribe it. Both ways run
+    the tasks with one BLAS thread: the Cholesky factor of a 180 x 180
+    matrix differs in its last bits between one and two OpenBLAS threads,
+    and dask's workers start with one.
     """
     if executor is None:
-        return [fn(*t) for t in _progress(tasks, len(tasks), progress, desc)]
+        return [_one_blas_thread(fn, t) for t in _progress(tasks, len(tasks), progress, desc)]
     if not callable(getattr(executor, "submit", None)):
         raise ValueError(f"executor must have a submit(fn, *args) method (a concurrent.futures.Executor), "
                          f"got {type(executor).__name__}")
@@ -3570,20 +3572,20 @@ def _run_tasks(fn, tasks, executor, progress, desc):
     return [f.result() for f in _progress(futures, len(futures), progress, desc)]
 
 
+def _one_blas_thread(fn, args):
+    """fn(*args) with one BLAS thread."""
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(1):
+        return fn(*args)
+
+
 def _single_threaded(fn, args):
-    """Run fn(*args) in an executor's worker with one numba thread and one BLAS thread."""
-    import contextlib
+    """fn(*args) in an executor's worker, with one numba thread and one BLAS thread."""
     import numba
-    try:
-        from threadpoolctl import threadpool_limits
-        blas = threadpool_limits(1)
-    except ImportError:
-        blas = contextlib.nullcontext()
     threads = numba.get_num_threads()
     numba.set_num_threads(1)
     try:
-        with blas:
-            return fn(*args)
+        return _one_blas_thread(fn, args)
     finally:
         numba.set_num_threads(threads)
 
