@@ -89,6 +89,29 @@ def test_monte_carlo_predictions_are_reproducible_and_converge_for_two_classes()
     np.testing.assert_allclose(p1.sum(axis=0), 1.0)
 
 
+@pytest.mark.parametrize("prior_var", [1.0, 1e5])
+def test_antithetic_averages_agree_with_independent_sampling(prior_var):
+    """Check the averaged softmax (line 20) against plain numpy sampling from the same N(mu_*, Sigma_*),
+    within the standard error the docstring states, 0.5 sqrt(2/S), plus the reference's own. A prior
+    variance of 1e5 makes the latents spread over hundreds, the path with one exp per sample."""
+    X, y, h, K = _problem(7, 4, n=12)
+    res = gpclab.laplace_mode_multiclass(K, y)
+    Xs = np.random.default_rng(3).standard_normal((3, 2))
+    K_star = np.stack([gpclab.kernel_matrix("se", X, Xs, h[c]) for c in range(4)])
+    kss = np.stack([gpclab.kernel_diag("se", Xs, h[c]) for c in range(4)]) + prior_var - 1.0
+    S, S_ref = 40_000, 400_000
+    p, mu, Sig = gpclab.laplace_predict_multiclass(K, y, res.f_hat, K_star, kss, S, 3)
+    r = np.random.default_rng(0)
+    for j in range(3):
+        F = r.multivariate_normal(mu[:, j], Sig[j], size=S_ref)
+        P = np.exp(F - F.max(axis=1, keepdims=True))
+        P /= P.sum(axis=1, keepdims=True)
+        se = np.sqrt(0.25 * 2 / S + P.var(axis=0) / S_ref)
+        assert np.all(np.abs(p[:, j] - P.mean(axis=0)) < 4 * se)
+        assert P.mean(axis=0).min() > 0.01          # not a trivial case: every class has some mass
+    np.testing.assert_allclose(p.sum(axis=0), 1.0)
+
+
 @pytest.mark.parametrize("kernel", ["se", "ard"])
 def test_gradient_equals_finite_differences(kernel):
     X, y, h, K = _problem(6, 3, n=20, d=2, jitter=0.0)
