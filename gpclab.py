@@ -2952,8 +2952,12 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
     hyp_prior = (mean, sd) adds an independent Gaussian prior on every
     log-hyperparameter: maximum penalised likelihood (Williams & Barber use
     N(-3, 3^2)). discrete: flags of the discrete inputs (K&G 14); eps: the
-    labelling noise of likelihood 'step' (K&G 10), held fixed. Returns
-    (log_hyp, log evidence (plus log prior), result).
+    labelling noise of likelihood 'step' (K&G 10), held fixed. With
+    likelihood 'step' and kernel 'kg' or 'kg_iso' the evidence does not
+    change when t0, t1 and t2 are scaled together (the step sees only the
+    sign of f): without hyp_prior, log t0 is held at its start value, which
+    removes that flat direction (L-BFGS otherwise spends its steps along it).
+    Returns (log_hyp, log evidence (plus log prior), result).
     """
     from scipy.optimize import minimize
 
@@ -2992,6 +2996,8 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
     if multi and len(shape) == 2:
         bounds = list(bounds) * C
     x0 = np.clip(x0, [b[0] for b in bounds], [b[1] for b in bounds])
+    if likelihood == "step" and kernel in ("kg", "kg_iso") and not multi and hyp_prior is None:
+        bounds = [(x0[0], x0[0])] + list(bounds[1:])         # the scale of K: see the docstring
     res = minimize(neg, x0, jac=True, method="L-BFGS-B", bounds=bounds,
                    options={"maxiter": max_iter})
     return np.asarray(res.x).reshape(shape), -float(res.fun), res

@@ -1,0 +1,44 @@
+"""ML-II on EP's evidence with K&G's step likelihood: the flat direction of (t0, t1, t2)."""
+import numpy as np
+from scipy.optimize import minimize
+
+import gpclab
+
+
+def _problem():
+    r = np.random.default_rng(8)
+    X = r.uniform(-3, 3, (40, 2))
+    y = np.where(np.sin(X[:, 0]) + 0.1 * r.standard_normal(40) > 0, 1.0, -1.0)
+    y[r.uniform(size=40) < 0.15] *= -1
+    return X, y
+
+
+def test_step_evidence_is_flat_along_the_scale_of_K():
+    X, y = _problem()
+    h = np.array([0.3, -2.0, -0.5, 0.2, -1.0])
+    v, g, _ = gpclab.ep_evidence(X, y, h, "kg", likelihood="step")
+    shift = np.array([1.3, 1.3, 1.3, 0.0, 0.0])              # K -> e^1.3 K
+    v2, _, _ = gpclab.ep_evidence(X, y, h + shift, "kg", likelihood="step")
+    assert abs(v2 - v) < 1e-7
+    assert abs(g[:3].sum()) < 1e-6                          # the gradient is orthogonal to that direction
+    assert np.max(np.abs(g)) > 0.05                         # ... and not zero
+
+
+def test_ml2_with_fixed_scale_reaches_the_free_optimum():
+    """ml2 (warm-started EP, log t0 held) against L-BFGS-B over all five parameters with EP started cold."""
+    X, y = _problem()
+    h0 = np.array([0.0, -2.0, 0.0, 0.0, 0.0])
+    h, v, _ = gpclab.ml2(X, y, h0, "kg", "step", method="ep")
+    assert h[0] == h0[0]
+
+    def neg(x):
+        val, grad, _ = gpclab.ep_evidence(X, y, x, "kg", likelihood="step")
+        return -val, -grad
+
+    ref = minimize(neg, h0, jac=True, method="L-BFGS-B", bounds=gpclab.default_bounds("kg", 2),
+                   options={"maxiter": 500})
+    assert v > -ref.fun - 1e-3
+    assert v - gpclab.ep_evidence(X, y, h0, "kg", likelihood="step")[0] > 1.0   # it did move
+    # the same model: the free optimum, rescaled to t0 = h0[0], has the same evidence
+    x = ref.x - (ref.x[0] - h0[0]) * np.array([1.0, 1.0, 1.0, 0.0, 0.0])
+    assert abs(gpclab.ep_evidence(X, y, x, "kg", likelihood="step")[0] + ref.fun) < 1e-6
