@@ -554,10 +554,12 @@ def logistic(y, f):
         else:
             lp[i] = z - math.log1p(math.exp(z))
         pi = sigmoid(f[i])                      # pi_i = p(y_i = 1|f_i)
-        t = 0.5 * (y[i] + 1.0)                  # t = (y + 1)/2
-        dlp[i] = t - pi                         # (3.15), second column
-        d2lp[i] = -pi * (1.0 - pi)              # (3.15), third column
-        d3lp[i] = -pi * (1.0 - pi) * (1.0 - 2.0 * pi)
+        # 1 - pi as sigmoid(-f), not by subtraction: for large |f| the
+        # difference keeps no digits, and W sets log|B| at a large sf
+        pi_c = sigmoid(-f[i])                   # 1 - pi_i
+        dlp[i] = y[i] * sigmoid(-z)             # (3.15), second column: t - pi, t = (y + 1)/2
+        d2lp[i] = -pi * pi_c                    # (3.15), third column
+        d3lp[i] = -pi * pi_c * (pi_c - pi)
     return lp, dlp, d2lp, d3lp
 
 
@@ -720,11 +722,20 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
     n_iter = 0
     converged = False
     psi_old = -np.inf
+    log_q_old = -np.inf
+    full_step = False
     while True:                                              # line 3: repeat
         W = -d2lp                                            # line 4: W := -grad grad log p(y|f)  (3.15/3.16)
         sW = np.sqrt(W)
         L = np.linalg.cholesky(_form_B(K, sW))               # line 5: L := cholesky(I + W^1/2 K W^1/2)
-        if n_iter > 0 and psi - psi_old < tol:               # line 9: until convergence
+        log_q = psi - half_log_det(L)                        # line 10, at the current f
+        # line 9: until convergence. Departs from the caption's test on Psi
+        # alone: the last step must be a full Newton step that changed Psi and
+        # log q by less than tol relative to their size. At a large signal
+        # variance Psi is flat while f still moves, and log|B| follows f.
+        scale = 1.0 + abs(psi) + abs(log_q)
+        if (n_iter > 0 and full_step and psi - psi_old < tol * scale
+                and abs(log_q - log_q_old) < tol * scale):
             converged = True
             break
         if n_iter == max_iter:
@@ -735,24 +746,33 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
         f_new = K @ a_new                                    # line 8: f := K a
         # departs from lines 7-8: halve the step while it lowers the objective
         # by more than rounding error (so that a full step is always taken
-        # near the mode, where Newton converges quadratically)
+        # near the mode, where Newton converges quadratically); 30 halvings
+        # without a rise end the search, not converged, at the last iterate
         psi_old = psi
+        log_q_old = log_q
         slack = 1e-12 * (1.0 + abs(psi_old))
         da = a_new - a
         df = f_new - f
         step = 1.0
+        found = False
         for _ in range(31):
             a_t = a + step * da
             f_t = f + step * df
-            lp, dlp, d2lp, _ = log_likelihood(likelihood, y, f_t)
-            psi = -0.5 * (a_t @ f_t) + lp.sum()              # objective: -1/2 a^T f + log p(y|f)
-            if psi >= psi_old - slack:
+            lp_t, dlp_t, d2lp_t, _ = log_likelihood(likelihood, y, f_t)
+            psi_t = -0.5 * (a_t @ f_t) + lp_t.sum()          # objective: -1/2 a^T f + log p(y|f)
+            if psi_t >= psi_old - slack:
+                found = True
                 break
             step *= 0.5
+        if not found:
+            break
+        full_step = step == 1.0
         a = a_t
         f = f_t
+        psi = psi_t
+        dlp = dlp_t
+        d2lp = d2lp_t
         n_iter += 1
-    log_q = psi - half_log_det(L)                            # line 10: log q := -1/2 a^T f + log p(y|f) - sum log L_ii  (3.32)
     return LaplaceMode(f, log_q, a, sW, L, n_iter, converged)  # line 11
 
 
@@ -1322,7 +1342,7 @@ def laplace_log_q_grad_multiclass(K, X, kernel, log_hyp, y, f_hat, a, E, M, disc
 
 EPResult = namedtuple(
     "EPResult", ["nu_tilde", "tau_tilde", "log_Z", "Sigma", "mu", "L", "n_sweeps",
-                 "converged", "delta"])
+                 "converged", "delta", "n_skipped"])
 
 
 @njit(cache=True)
@@ -1370,6 +1390,11 @@ def _site_update(y_i, tau_cav, nu_cav, noise, eps):
     sigma_hat^-2 mu_hat - nu_cav = tau_tilde mu_cav + (1 + tau_tilde sigma2_cav) y r / s.
     The box's direct differences lose every digit for a well-classified site,
     where sigma_hat^2 is within rounding of sigma2_cav.
+
+    A site likelihood that is not log-concave (K&G's with eps > 0) can ask for
+    tau_tilde < 0; it is clipped to 0 and nu_tilde computed from the clipped
+    value, so that the new posterior mean is still the tilted mean mu_hat
+    (tau_tilde = 0 gives nu_tilde = y r / s = tau_cav (mu_hat - mu_cav)).
     """
     sigma2_cav = 1.0 / tau_cav
     mu_cav = nu_cav * sigma2_cav
@@ -1377,7 +1402,7 @@ def _site_update(y_i, tau_cav, nu_cav, noise, eps):
     s = math.sqrt(s2)
     _, r, rz = _tilted_terms(y_i, mu_cav, s, eps)
     w = r * rz
-    tau_tilde = w / (noise + sigma2_cav * (1.0 - w))
+    tau_tilde = max(w / (noise + sigma2_cav * (1.0 - w)), 0.0)
     nu_tilde = tau_tilde * mu_cav + (1.0 + tau_tilde * sigma2_cav) * y_i * r / s
     return tau_tilde, nu_tilde
 
@@ -1443,14 +1468,21 @@ def _ep_posterior(K, tau_tilde, nu_tilde):
 def _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L, noise=1.0, eps=0.0):
     """log Z_EP (3.65) through the stable forms (3.73)-(3.75) and the existing L.
 
-    noise, eps select the site as in _site_update (probit: 1, 0).
+    noise, eps select the site as in _site_update (probit: 1, 0). A site whose
+    cavity precision is not positive in floating point has no cavity
+    distribution and (3.65) no value: then nan, and ep counts the site in
+    n_skipped.
     """
     n = y.shape[0]
     log_Z = 0.0
     quad = 0.0
     for i in range(n):
+        if not Sigma[i, i] > 0.0:
+            return np.nan
         tau_cav = 1.0 / Sigma[i, i] - tau_tilde[i]            # (3.56)
         nu_cav = mu[i] / Sigma[i, i] - nu_tilde[i]
+        if not tau_cav > 0.0:
+            return np.nan
         mu_cav = nu_cav / tau_cav
         log_Z += _tilted_terms(y[i], mu_cav, math.sqrt(noise + 1.0 / tau_cav), eps)[0]  # third term of (3.65)
         log_Z += 0.5 * math.log1p(tau_tilde[i] / tau_cav) - math.log(L[i, i])  # (3.73)
@@ -1498,15 +1530,20 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
         approximation of log p(y|X) (3.65); Sigma (n, n) and mu (n,) of the
         approximate posterior (3.53); L (n, n) = cholesky(B) (3.67);
         n_sweeps; converged; delta, the largest relative site change in the
-        last sweep.
+        last sweep; n_skipped, the number of sites left unchanged in the last
+        sweep because their cavity precision was not positive, or of sites
+        whose cavity precision at the returned posterior is not positive (then
+        log_Z is nan), whichever is larger; the Python layer warns if it is
+        not 0.
 
     Notes
     -----
     O(n^2) per site update (line 10), O(n^3) per sweep. Departures: the site
     parameters of lines 8-9 are computed in an algebraically equal form that
-    avoids cancellation (_site_update) and tau~ is kept non-negative;
+    avoids cancellation (_site_update) and tau~ is kept non-negative (with
+    nu~ from the clipped tau~, so the site still matches the tilted mean);
     a site whose cavity precision (line 5) is not positive in floating point
-    is left unchanged for that sweep; mu of line 11 is updated in O(n) by
+    is left unchanged for that sweep and counted in n_skipped; mu of line 11 is updated in O(n) by
     the rank-one identity mu_new = mu + s_i (d_nu (1 - c Sigma_ii) - c mu_i);
     the rank-one updates of line 10 are collected over 48 consecutive sites
     and applied to Sigma together (two BLAS rank-k updates), with column i
@@ -1557,21 +1594,26 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
     converged = False
     n_sweeps = 0
     delta = np.inf
+    n_skipped = 0
     L = np.eye(n)
     while n_sweeps < max_sweeps:                              # line 3: repeat
         if order == "random":
             perm = np.random.permutation(n)
         delta = 0.0
+        n_skipped = 0
         m = 0                                                 # pending rank-one updates
         for i in perm:                                        # line 4: for i := 1 to n
             _current_column(Sigma, U, c, m, i, s)             # s_i, column i of the current Sigma
+            if not s[i] > 0.0:                                # sigma_i^2 lost to rounding: no cavity
+                n_skipped += 1
+                continue
             tau_cav = 1.0 / s[i] - tau_tilde[i]               # line 5: tau_-i := sigma_i^-2 - tau~_i  (3.56)
             nu_cav = mu[i] / s[i] - nu_tilde[i]               # line 6: nu_-i := sigma_i^-2 mu_i - nu~_i
             if not tau_cav > 0.0:
+                n_skipped += 1
                 continue
-            # line 7: marginal moments (3.58); lines 8-9: site parameters (3.59)
+            # line 7: marginal moments (3.58); lines 8-9: site parameters (3.59), tau~ >= 0
             tau_new, nu_new = _site_update(y[i], tau_cav, nu_cav, noise, eps)
-            tau_new = max(tau_new, 0.0)
             d_tau = tau_new - tau_tilde[i]                    # line 8: d_tau := sigma_hat^-2 - tau_-i - tau~_i
             tau_tilde[i] = tau_new                            #         tau~_i := tau~_i + d_tau
             d_nu = nu_new - nu_tilde[i]
@@ -1597,7 +1639,12 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
     if n_sweeps == 0:
         Sigma, mu, L = _ep_posterior(K, tau_tilde, nu_tilde)
     log_Z = _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L, noise, eps)  # line 17: log Z_EP  (3.65, 3.73-3.75)
-    return EPResult(nu_tilde, tau_tilde, log_Z, Sigma, mu, L, n_sweeps, converged, delta)  # line 18
+    n_bad = 0
+    for i in range(n):
+        n_bad += not (Sigma[i, i] > 0.0 and 1.0 / Sigma[i, i] - tau_tilde[i] > 0.0)
+    n_skipped = max(n_skipped, n_bad)
+    return EPResult(nu_tilde, tau_tilde, log_Z, Sigma, mu, L, n_sweeps, converged, delta,
+                    n_skipped)  # line 18
 
 
 @njit(cache=True)
@@ -2673,9 +2720,12 @@ def _mode_or_raise(K, y, likelihood, a_init=None):
     try:
         return laplace_mode(K, y, likelihood, a_init)
     except np.linalg.LinAlgError:
-        raise ValueError("K is not positive semidefinite: B = I + W^1/2 K W^1/2 has no "
-                         "Cholesky factor; check the covariance function and its "
-                         "hyperparameters") from None
+        lam = np.linalg.eigvalsh(K)[[0, -1]]
+        why = (f"K is not positive semidefinite in floating point (eigenvalues from {lam[0]:.3g} "
+               f"to {lam[1]:.3g}: rounding errors of K exceed its smallest eigenvalues; lower the "
+               "signal variance or add jitter to the diagonal of K)" if lam[0] < 0 else
+               "check the covariance function and its hyperparameters")
+        raise ValueError("B = I + W^1/2 K W^1/2 has no Cholesky factor: " + why) from None
 
 
 def laplace_evidence(X, y, log_hyp, kernel="se", likelihood="logistic", a_init=None,
@@ -2713,8 +2763,19 @@ def multiclass_evidence(X, Y, log_hyp, kernel="se", a_init=None, eval_gradient=T
     return mode.log_q, grad, mode
 
 
+def _warn_skipped(result, where):
+    """Warn if ep left sites unchanged because their cavity precision was not positive."""
+    k = getattr(result, "n_skipped", 0)
+    if k:
+        warnings.warn(f"{where}: EP skipped {k} site(s) whose cavity precision (3.56) was not "
+                      "positive in floating point" + ("; log Z_EP is undefined (nan)"
+                                                      if np.isnan(result.log_Z) else ""),
+                      RuntimeWarning, stacklevel=3)
+
+
 def _warn_not_converged(result, where):
-    """Turn a convergence flag of laplace_mode or ep into a RuntimeWarning."""
+    """Turn a convergence flag of laplace_mode or ep into a RuntimeWarning (and skipped EP sites)."""
+    _warn_skipped(result, where)
     if result.converged:
         return
     if isinstance(result, EPResult):
@@ -3201,6 +3262,7 @@ def ep_evidence(X, y, log_hyp, kernel="se", sites=None, eval_gradient=True, disc
         res = ep(K, y, nu0, tau0, 1e-9, 100, "natural", 0, likelihood, eps)
     except np.linalg.LinAlgError:
         raise ValueError(_NOT_PSD_EP) from None
+    _warn_skipped(res, "ep_evidence")
     grad = None
     if eval_gradient:
         grad = ep_log_Z_grad(K, X, kernel, log_hyp, res.nu_tilde, res.tau_tilde, res.L, discrete)
@@ -3357,7 +3419,11 @@ def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", met
     information_bits_multiclass with n_samples Monte Carlo samples seeded
     by seed) and 'error' (test error rate). Rows run over log_sf, columns
     over log_ell, as plt.contour(log_ell, log_sf, Z) expects. Newton's
-    method (or EP) warm-starts from the neighbouring grid point.
+    method (or EP) warm-starts from the neighbouring grid point. A point
+    where the approximation has no value (B has no Cholesky factor, as when
+    K is not positive definite in floating point at a huge signal variance)
+    is nan in every array; one warning names the failed points, another
+    those where Newton's method or EP did not converge.
     """
     _check_choice(kernel, "kernel", ("se",))
     _check_choice(likelihood, "likelihood", _LIKELIHOODS)
@@ -3401,13 +3467,23 @@ def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", met
         out["error"] = np.empty(shape)
     cells = [(i, j) for i in range(shape[0]) for j in range(shape[1])]
     warm = None
+    failed, not_converged = [], []
     for i, j in _progress(cells, len(cells), progress, f"{method} evidence grid"):
         if j == 0:
             warm = None
         h = np.array([log_ell[j], log_sf[i]])
         hh = np.tile(h, (C, 1)) if multi else h
-        v, _, res, warm = evidence(X, y_pm, hh, kernel, likelihood, method, warm, False)
-        _warn_not_converged(res, "evidence_grid")
+        try:
+            v, _, res, warm = evidence(X, y_pm, hh, kernel, likelihood, method, warm, False)
+        except ValueError as e:   # no Cholesky factor at this point: mark it, go on
+            failed.append(f"(log l, log sf) = ({log_ell[j]:g}, {log_sf[i]:g}): {e}")
+            for key in out:
+                out[key][i, j] = np.nan
+            warm = None
+            continue
+        _warn_skipped(res, "evidence_grid")
+        if not res.converged:
+            not_converged.append(f"({log_ell[j]:g}, {log_sf[i]:g})")
         out["log_q"][i, j] = v
         if with_test and multi:
             Kc = kernel_matrix(kernel, X, X, h)
@@ -3429,6 +3505,13 @@ def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", met
                 p, _, _ = ep_predict(res.nu_tilde, res.tau_tilde, K, K_star, kss, res.L)
             out["information"][i, j] = information_bits(p, yt_pm, y_pm)
             out["error"][i, j] = np.mean(np.where(p > 0.5, 1.0, -1.0) != yt_pm)
+    if failed:
+        warnings.warn(f"evidence_grid: {len(failed)} point(s) marked nan, no approximation there: "
+                      + "; ".join(failed), RuntimeWarning, stacklevel=2)
+    if not_converged:
+        warnings.warn(f"evidence_grid: {'EP' if method != 'laplace' else 'Newton'} did not converge at "
+                      f"(log l, log sf) = {', '.join(not_converged)}; the last iterate is used there",
+                      RuntimeWarning, stacklevel=2)
     return out
 
 
