@@ -678,9 +678,9 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
         Warm start a = K^-1 f (for example the `a` of a previous call at
         nearby hyperparameters). Used only if its objective beats f = 0.
     tol : float
-        Convergence: stop when a Newton step raises the objective of line 9,
-        Psi(f) up to constants, by less than `tol` (the first criterion of
-        the caption).
+        Convergence: stop after a full Newton step that changed both the
+        objective of line 9 (Psi(f) up to constants) and log q by less than
+        tol (1 + |Psi| + |log q|).
     max_iter : int
         Maximum number of Newton steps.
 
@@ -690,16 +690,18 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
         f_hat (n,) the posterior mode; log_q the approximate log marginal
         likelihood (3.32); a = K^-1 f_hat (n,); sW = W^1/2 (n,) and L (n, n),
         cholesky(B) at f_hat, for reuse by the gradient and predictions;
-        n_iter Newton steps taken; converged.
+        n_iter Newton steps taken; converged (False also when no step along
+        the Newton direction raised the objective).
 
     Notes
     -----
     Each step costs one Cholesky factorisation, n^3/6 (line 5). Departs from
     the box where the caption asks: a Newton step that lowers the objective
     (by more than rounding error) is halved until it does not, at most 30
-    times. The convergence
-    test of line 9 is made after lines 4-5, so that W and L returned belong
-    to f_hat itself.
+    times. The convergence test of line 9 is made after lines 4-5, so that W
+    and L returned belong to f_hat itself, and asks for log q to settle as
+    well as Psi: on separable data at a large signal variance Psi is flat
+    while f_hat still moves and log|B| with it.
 
     Used in: lectures/sec3_04_binary_laplace.ipynb.
     """
