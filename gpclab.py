@@ -1025,6 +1025,9 @@ def _multiclass_E_M(K, pi):
 @njit(cache=True)
 def _multiclass_objective(a, f, y):
     """-1/2 a^T f + y^T f - sum_i log sum_c exp f^c_i: Psi (3.35) without its constants."""
+    # departs from Algorithm 3.3 lines 15-16, which print + sum_i log sum_c exp f^c_i:
+    # log p(y|f) = y^T f - sum_i log sum_c exp f^c_i (3.35), the softmax's normaliser
+    # enters with a minus sign; with + the objective would grow without bound in f
     return -0.5 * (a * f).sum() + (y * f).sum() - _log_sum_exp(f)
 
 
@@ -1058,7 +1061,9 @@ def laplace_mode_multiclass(K, y, a_init=None, tol=1e-10, max_iter=100):
     the step-size safeguard of Algorithm 3.1; the convergence test comes
     after lines 4-10 so that E and M belong to f_hat; and line 16 also
     subtracts sum_i log M_ii: |I + W^1/2 K W^1/2| = prod_c |B_c| |sum_c E_c|
-    (by (3.46)-(3.47) and the determinant lemma), which the box leaves out.
+    (by (3.46)-(3.47) and the determinant lemma), which the box leaves out;
+    lines 15-16 print + sum_i log sum_c exp f^c_i, the code subtracts it, as
+    log p(y|f) in (3.35) does.
 
     Used in: lectures/sec3_05_multiclass_laplace.ipynb.
     """
@@ -1109,13 +1114,14 @@ def laplace_mode_multiclass(K, y, a_init=None, tol=1e-10, max_iter=100):
         for _ in range(31):
             a_t = a + step * da
             f_t = f + step * df
-            psi = _multiclass_objective(a_t, f_t, y)          # objective of line 15
+            psi = _multiclass_objective(a_t, f_t, y)          # objective of line 15 (its sign: see there)
             if psi >= psi_old - slack:
                 break
             step *= 0.5
         a = a_t
         f = f_t
         n_iter += 1
+    # line 16 with the objective's log-sum-exp term subtracted, not added as printed (3.35, 3.44)
     log_q = psi - z - half_log_det(M)                         # line 16: log q := objective - sum_c z_c  (3.44), - log|M|
     return MultiLaplaceMode(f, log_q, a, E, M, n_iter, converged)  # line 17
 
@@ -1845,30 +1851,111 @@ def hmc_transition(L, y, likelihood, tau, g, step, n_leapfrog):
         for i in range(n):
             p[i] -= scale * grad[i]
     H1 = U + 0.5 * (p @ p)
-    if np.random.random() < math.exp(min(0.0, H0 - H1)):      # Metropolis: accept with min(1, e^(H0 - H1))
+    u = np.random.random()
+    # Metropolis: accept with min(1, e^(H0 - H1)); a non-finite energy (a diverged
+    # trajectory) is rejected: min(0, nan) would be 0, an acceptance
+    if math.isfinite(H1) and u < math.exp(min(0.0, H0 - H1)):
         return q, True, ll
     return g.copy(), False, ll0
 
 
 @njit(cache=True)
-def hmc_latent(K, y, likelihood, n_samples, step=0.1, n_leapfrog=10, seed=0, burn_in=0,
+def _jittered_cholesky(K):
+    """cholesky(K + 1e-8 max_i K_ii I): the module's jitter for sampling from N(0, K).
+
+    An SE covariance of near-duplicate inputs is singular in floating point;
+    1e-8 of the signal variance on the diagonal changes the model far less
+    than the Monte Carlo error.
+    """
+    n = K.shape[0]
+    J = K.copy()
+    d = 0.0
+    for i in range(n):
+        d = max(d, K[i, i])
+    for i in range(n):
+        J[i, i] += 1e-8 * d
+    return np.linalg.cholesky(J)
+
+
+@njit(cache=True)
+def _auto_step(lam_max, likelihood, tau):
+    """Leapfrog step and number of steps for HMC on whitened latents (see hmc_step_size).
+
+    The curvature of the potential is at most 1 + tau w lam_max(K), w the
+    largest W of the likelihood in the bulk of the posterior (1 for probit,
+    1/4 for logistic); leapfrog is stable below 2 / sqrt(curvature). Step
+    1.5 / sqrt(curvature), trajectories of length about 1.5, at most 50 steps.
+    """
+    w = 1.0 if likelihood == "probit" else 0.25
+    step = 1.5 / math.sqrt(1.0 + tau * w * max(lam_max, 0.0))
+    return step, int(min(50.0, math.ceil(1.5 / step)))
+
+
+@njit(cache=True)
+def _autocorrelation_time(x):
+    """1 + 2 sum_k rho_k by Geyer's initial positive sequence (as autocorrelation_time), direct sums."""
+    N = x.shape[0]
+    m = x.mean()
+    c0 = 0.0
+    for t in range(N):
+        c0 += (x[t] - m) ** 2
+    if N < 4 or c0 == 0.0:
+        return 1.0
+    tau = -1.0
+    for k in range(0, N // 2 - 1):
+        pair = 0.0
+        for lag in (2 * k, 2 * k + 1):
+            s = 0.0
+            for t in range(N - lag):
+                s += (x[t] - m) * (x[t + lag] - m)
+            pair += s / c0
+        if pair <= 0.0:
+            break
+        tau += 2.0 * pair
+    return max(tau, 1.0)
+
+
+@njit(cache=True)
+def hmc_latent(K, y, likelihood, n_samples, step=None, n_leapfrog=None, seed=0, burn_in=0,
                thin=1, tau=1.0):
     """Samples of f from p(f|X, y) (or the tempered p(y|f)^tau N(f|0, K)) by HMC.
 
-    Works on g = L^-1 f (K&R 6.1), starting from g ~ N(0, I).
+    Works on g = L^-1 f (K&R 6.1), starting from g ~ N(0, I), with L the
+    Cholesky factor of K + 1e-8 max_i K_ii I (the module's jitter, as
+    mcmc_posterior and ais).
+
+    Parameters
+    ----------
+    step, n_leapfrog : float, int, optional
+        Leapfrog step and number of steps per transition. Default: from the
+        largest eigenvalue of K (hmc_step_size); a fixed step that suits one
+        signal variance freezes the chain at another.
 
     Returns
     -------
     F : ndarray, shape (n_samples, n)
         Latent samples f = L g, after `burn_in` transitions, every `thin`-th.
     acceptance : float
-        Fraction of accepted transitions (burn-in included).
+        Fraction of accepted transitions (burn-in included). Well tuned HMC
+        accepts about 0.6 to 0.99; 0 is a frozen chain, 1.00 a step too small.
+    ess : float
+        Effective sample size: n_samples over the largest autocorrelation
+        time (autocorrelation_time) of the n latent coordinates.
     """
     _check_K_y(K, y)
-    if n_samples < 1 or n_leapfrog < 1 or thin < 1 or burn_in < 0 or not step > 0.0:
-        raise ValueError("n_samples, n_leapfrog and thin must be >= 1, burn_in >= 0, step > 0")
+    if n_samples < 1 or thin < 1 or burn_in < 0:
+        raise ValueError("n_samples and thin must be >= 1, burn_in >= 0")
     n = y.shape[0]
-    L = np.linalg.cholesky(K)
+    L = _jittered_cholesky(K)
+    if step is None:
+        st, nl = _auto_step(np.linalg.eigvalsh(K)[n - 1], likelihood, tau)
+    else:
+        st = float(step)
+        nl = int(min(50.0, math.ceil(1.5 / st))) if st > 0.0 else 0
+    if n_leapfrog is not None:
+        nl = n_leapfrog
+    if nl < 1 or not st > 0.0:
+        raise ValueError("step must be > 0 and n_leapfrog >= 1")
     np.random.seed(seed)
     g = np.empty(n)
     for i in range(n):
@@ -1879,17 +1966,20 @@ def hmc_latent(K, y, likelihood, n_samples, step=0.1, n_leapfrog=10, seed=0, bur
     total = burn_in + n_samples * thin
     k = 0
     for t in range(total):
-        g, acc, _ = hmc_transition(L, y, likelihood, tau, g, step, n_leapfrog)
+        g, acc, _ = hmc_transition(L, y, likelihood, tau, g, st, nl)
         accepted += acc
         if t >= burn_in and (t - burn_in) % thin == thin - 1:
             _lower_matvec(L, g, f)
             F[k] = f
             k += 1
-    return F, accepted / total
+    tau_max = 1.0
+    for i in range(n):
+        tau_max = max(tau_max, _autocorrelation_time(np.ascontiguousarray(F[:, i])))
+    return F, accepted / total, n_samples / tau_max
 
 
 @njit(cache=True, parallel=True)
-def ais(K, y, likelihood, T=8000, R=3, step=0.1, n_leapfrog=10, seed=0, schedule=None):
+def ais(K, y, likelihood, T=8000, R=3, step=None, n_leapfrog=None, seed=0, schedule=None):
     """Annealed importance sampling of log p(y|X) (Kuss & Rasmussen Algorithm 3).
 
     Parameters
@@ -1902,8 +1992,11 @@ def ais(K, y, likelihood, T=8000, R=3, step=0.1, n_leapfrog=10, seed=0, schedule
     R : int
         Independent runs, in parallel (numba prange); run r is seeded with
         seed + r, so the result does not depend on the number of threads.
-    step, n_leapfrog :
-        One HMC transition per temperature (hmc_transition).
+    step, n_leapfrog : float, int, optional
+        One HMC transition per temperature (hmc_transition). Default: at each
+        temperature tau from the largest eigenvalue of K, as hmc_step_size
+        with the likelihood's curvature scaled by tau (the target stiffens
+        by orders of magnitude along the schedule).
     schedule : ndarray, shape (T + 1,), optional
         Any increasing schedule from 0 to 1 instead of (t/T)^4.
 
@@ -1916,9 +2009,22 @@ def ais(K, y, likelihood, T=8000, R=3, step=0.1, n_leapfrog=10, seed=0, schedule
     se : float
         Standard error of log_Z from the spread of the weights (delta
         method); R = 1 gives nan.
+    acceptance : float
+        Fraction of accepted HMC transitions over all runs and temperatures.
+    ess : float
+        Effective number of runs, (sum_r w_r)^2 / sum_r w_r^2 (Kish): R when
+        the weights are equal, near 1 when one run dominates.
 
     Notes
     -----
+    K is factorised with the module's jitter, cholesky(K + 1e-8 max_i K_ii I)
+    (as hmc_latent and mcmc_posterior), so near-duplicate inputs do not stop
+    it. The return line is the box's: the log of the arithmetic mean of the
+    R weights Z_r, although K&R's text speaks of combining the runs by their
+    "geometric mean". The arithmetic mean is the unbiased estimate of Z
+    (each Z_r is unbiased, Neal 2001), and its log what the box returns; a
+    geometric mean (the mean of ln Z_r) would be biased low.
+
     Departs from (31) in which sample it uses: the ratio Z_t / Z_t-1 of
     (30a) is an expectation under the temperature tau(t-1), so log w gains
     (tau(t) - tau(t-1)) log p(y|f_t-1) with the state from before the
@@ -1942,8 +2048,22 @@ def ais(K, y, likelihood, T=8000, R=3, step=0.1, n_leapfrog=10, seed=0, schedule
             if tau[t + 1] < tau[t]:
                 raise ValueError("schedule must be increasing")
     n = y.shape[0]
-    L = np.linalg.cholesky(K)
+    L = _jittered_cholesky(K)
+    steps = np.empty(T + 1)
+    n_lf = np.empty(T + 1, dtype=np.int64)
+    lam = np.linalg.eigvalsh(K)[n - 1] if step is None else 0.0
+    for t in range(T + 1):
+        if step is None:
+            steps[t], n_lf[t] = _auto_step(lam, likelihood, tau[t])
+        else:
+            steps[t] = step
+            n_lf[t] = int(min(50.0, math.ceil(1.5 / step))) if step > 0.0 else 0
+        if n_leapfrog is not None:
+            n_lf[t] = n_leapfrog
+    if not (steps.min() > 0.0 and n_lf.min() >= 1):
+        raise ValueError("step must be > 0 and n_leapfrog >= 1")
     log_w = np.empty(R)
+    n_acc = np.zeros(R)
     for r in prange(R):                                       # for r = 1..R
         np.random.seed(seed + r)
         g = np.empty(n)
@@ -1955,16 +2075,19 @@ def ais(K, y, likelihood, T=8000, R=3, step=0.1, n_leapfrog=10, seed=0, schedule
         lw = 0.0
         for t in range(1, T + 1):                             # for t = 1..T
             lw += (tau[t] - tau[t - 1]) * ll                  # ln(Z_t/Z_t-1) (31), at f_t-1 (see Notes)
-            g, _, ll = hmc_transition(L, y, likelihood, tau[t], g, step, n_leapfrog)  # f_t by HMC at tau(t)
+            g, acc, ll = hmc_transition(L, y, likelihood, tau[t], g, steps[t], n_lf[t])  # f_t by HMC at tau(t)
+            n_acc[r] += acc
         log_w[r] = lw                                         # ln Z_r (32)
     m = log_w.max()
     w = np.exp(log_w - m)
     mean_w = w.mean()
+    # the box's return line, the arithmetic mean of the Z_r (unbiased for Z), not the
+    # "geometric mean" of K&R's text, whose log, the mean of ln Z_r, is biased low
     log_Z = m + math.log(mean_w)                              # ln Z = ln(1/R sum_r Z_r)
     se = np.nan
     if R > 1:
         se = math.sqrt(((w - mean_w) ** 2).sum() / (R - 1) / R) / mean_w
-    return log_Z, log_w, se
+    return log_Z, log_w, se, n_acc.sum() / (R * T), w.sum() ** 2 / (w * w).sum()
 
 
 @njit(cache=True)
@@ -2702,6 +2825,55 @@ def default_log_hyp(kernel, X):
     return np.concatenate([[0.0, np.log(0.1)], np.zeros(d)])
 
 
+def data_log_hyp(kernel, X, y):
+    """A starting point for ML-II from the data: GPClassifier's default.
+
+    Length-scale: the median distance r between inputs (at most 500 of them),
+    so that K is neither ~ sf^2 I (a tiny length-scale) nor constant. Signal
+    variance: sf^2 = 4 (1 + b^2) with b = |Phi^-1(p)| and p the fraction of
+    the most frequent class, so that the prior spans the latent offset that
+    the label balance needs (b = 0 for balanced classes). For 'ard': v0 =
+    sf^2, bias v1 = 1 + b^2, w_m = 1 / r^2; for 'kg', 'kg_iso': t0 = sf^2,
+    t1 = 1 + b^2, t2 = 1e-3 (K&G's footnote 11), l_m = 1 / r^2. From such a
+    start ML-II does not begin on the flat evidence n log(1/C) of K ~ 0 or a
+    tiny length-scale.
+    """
+    from scipy.special import ndtri
+    from scipy.spatial.distance import pdist
+
+    X = np.asarray(X, dtype=float)
+    if np.ndim(y) == 2:                                   # one-hot (C, n)
+        counts = np.asarray(y).sum(axis=1)
+    else:
+        _, counts = np.unique(np.asarray(y), return_counts=True)
+    p = min(counts.max() / counts.sum(), 0.99)
+    b2 = float(ndtri(p)) ** 2 if len(counts) == 2 else 0.0
+    sub = X[np.linspace(0, X.shape[0] - 1, min(X.shape[0], 500)).astype(int)]
+    dist = pdist(sub)
+    dist = dist[dist > 0]
+    r = float(np.median(dist)) if dist.size else 1.0
+    sf2 = 4.0 * (1.0 + b2)
+    d = X.shape[1]
+    if kernel == "se":
+        return np.array([np.log(r), 0.5 * np.log(sf2)])
+    if kernel == "ard":
+        return np.concatenate([[np.log(sf2), np.log(1.0 + b2)], np.full(d, -2.0 * np.log(r))])
+    m = d if kernel == "kg" else 1
+    return np.concatenate([[np.log(sf2), np.log(1.0 + b2), np.log(1e-3)], np.full(m, -2.0 * np.log(r))])
+
+
+def _trivial_plateau(value, y):
+    """True if an approximate log evidence is the flat n log(1/C) of K ~ 0 or a tiny length-scale."""
+    C, n = (y.shape[0], y.shape[1]) if np.ndim(y) == 2 else (2, len(y))
+    v0 = n * np.log(1.0 / C)
+    return bool(np.isfinite(value) and abs(value - v0) < 1e-4 * abs(v0))
+
+
+_PLATEAU_MSG = ("ended on the trivial plateau of the evidence, n log(1/C) = {v0:.4f}, where K is ~ 0 or "
+                "diagonal (a tiny length-scale) and the gradient vanishes: the fit ignores the inputs. "
+                "Start from data_log_hyp(kernel, X, y) (GPClassifier's default) or use restarts")
+
+
 def default_bounds(kernel, d):
     """Box bounds for ML-II in log space.
 
@@ -2825,7 +2997,9 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
     log-hyperparameter: maximum penalised likelihood (Williams & Barber use
     N(-3, 3^2)). discrete: flags of the discrete inputs (K&G 14); eps: the
     labelling noise of likelihood 'step' (K&G 10), held fixed. Returns
-    (log_hyp, log evidence (plus log prior), result).
+    (log_hyp, log evidence (plus log prior), result). Warns if it ends on
+    the trivial plateau n log(1/C) (K ~ 0 or a tiny length-scale, where the
+    gradient vanishes and L-BFGS-B stops at once).
     """
     from scipy.optimize import minimize
 
@@ -2866,6 +3040,10 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
     x0 = np.clip(x0, [b[0] for b in bounds], [b[1] for b in bounds])
     res = minimize(neg, x0, jac=True, method="L-BFGS-B", bounds=bounds,
                    options={"maxiter": max_iter})
+    if hyp_prior is None and _trivial_plateau(-float(res.fun), y):
+        C, n = (y.shape[0], y.shape[1]) if np.ndim(y) == 2 else (2, len(y))
+        warnings.warn(f"ml2 {_PLATEAU_MSG.format(v0=n * np.log(1.0 / C))} ({res.nit} iterations)",
+                      RuntimeWarning, stacklevel=2)
     return np.asarray(res.x).reshape(shape), -float(res.fun), res
 
 
@@ -3029,7 +3207,7 @@ class GPClassifier:
         per_class = self.multiclass_ and self.method == "laplace" and not self.shared_hyp
         y_t = one_hot(idx, C) if self.multiclass_ else np.where(idx == 1, 1.0, -1.0)
         if self.log_hyp is None:
-            h0 = default_log_hyp(self.kernel_, X)
+            h0 = data_log_hyp(self.kernel_, X, idx) if self.optimize else default_log_hyp(self.kernel_, X)
             if per_class:
                 h0 = np.tile(h0, (C, 1))
         elif per_class:
@@ -3057,14 +3235,23 @@ class GPClassifier:
                               self.method, self.hyp_prior, self.discrete_, self.eps)
                 return h, v, None
 
-            best = run(h0)
-            rng = np.random.default_rng(self.random_state)
-            for _ in range(self.n_restarts):
-                start = np.array([rng.uniform(lo, hi) for lo, hi in bounds])
-                start = np.broadcast_to(start, h0.shape).copy() if h0.ndim == 2 else start
-                trial = run(start)
-                if trial[1] > best[1]:
-                    best = trial
+            lo, hi = np.array([b[0] for b in bounds]), np.array([b[1] for b in bounds])
+            with warnings.catch_warnings():   # a start on the plateau is what restarts are for
+                warnings.filterwarnings("ignore", message=".*trivial plateau")
+                best = run(h0)
+                rng = np.random.default_rng(self.random_state)
+                for _ in range(self.n_restarts):
+                    # restarts around the start, 1 (sd) in log space, within the bounds
+                    start = np.clip(np.mean(np.atleast_2d(h0), axis=0)
+                                    + rng.standard_normal(lo.size), lo, hi)
+                    start = np.broadcast_to(start, h0.shape).copy() if h0.ndim == 2 else start
+                    trial = run(start)
+                    if trial[1] > best[1]:
+                        best = trial
+            if self.hyp_prior is None and _trivial_plateau(best[1], y_t):
+                C_, n_ = (y_t.shape[0], y_t.shape[1]) if y_t.ndim == 2 else (2, len(y_t))
+                warnings.warn("GPClassifier.fit: ML-II " + _PLATEAU_MSG.format(v0=n_ * np.log(1.0 / C_)),
+                              RuntimeWarning, stacklevel=2)
             h0, _, self.emep_ = best
             if self.emep_ is not None:
                 self.eps_ = float(self.emep_.eps)
@@ -3520,13 +3707,33 @@ def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", met
 # --- MCMC: the gold standard (K&R section 6, W&B section 3.2) ---------------------
 
 
+_HEALTHY_ACCEPTANCE = (0.3, 0.995)
+
+
+def _warn_acceptance(acc, where, what="HMC"):
+    """Warn when an HMC acceptance rate says the step does not suit the target."""
+    lo, hi = _HEALTHY_ACCEPTANCE
+    if acc < lo:
+        warnings.warn(f"{where}: {what} acceptance {acc:.3f} is below {lo}: the chain hardly moves; "
+                      "use a smaller step (the default, step=None, follows the covariance)",
+                      RuntimeWarning, stacklevel=3)
+    elif acc > hi:
+        warnings.warn(f"{where}: {what} acceptance {acc:.3f} is above {hi}: the step is needlessly "
+                      "small and the chain moves slowly; use a larger step (or step=None)",
+                      RuntimeWarning, stacklevel=3)
+
+
 def mcmc_posterior(X, y, log_hyp, X_test=None, kernel="se", likelihood="probit", n_samples=2000,
-                   step=0.1, n_leapfrog=10, burn_in=200, thin=1, seed=0):
+                   step=None, n_leapfrog=None, burn_in=200, thin=1, seed=0):
     """Posterior latent samples by HMC and MCMC predictions (K&R section 6.1).
 
-    y: any two labels (classes_[1] is +1). Returns a dict with 'F' (n_samples,
-    n) samples of the training latents, 'acceptance', and with X_test
-    'p_test' (m,), the MCMC predictive probability of class +1 (mcmc_predict).
+    y: any two labels (classes_[1] is +1). step, n_leapfrog: as hmc_latent
+    (default: hmc_step_size of K). Returns a dict with 'F' (n_samples, n)
+    samples of the training latents, 'acceptance', 'ess' (effective sample
+    size of the worst-mixing latent, hmc_latent), and with X_test 'p_test'
+    (m,), the MCMC predictive probability of class +1 (mcmc_predict). Warns
+    when the acceptance is outside 0.3-0.995. K carries the module's jitter,
+    1e-8 of the largest prior variance on its diagonal.
     """
     X = _as_2d_float(X, "X")
     y_pm, classes = binary_labels(y, "y")
@@ -3534,9 +3741,11 @@ def mcmc_posterior(X, y, log_hyp, X_test=None, kernel="se", likelihood="probit",
         raise ValueError(f"X and y must have the same number of samples, got {X.shape[0]} and {y_pm.shape[0]}")
     _check_choice(likelihood, "likelihood", _LIKELIHOODS)
     h = _check_log_hyp(log_hyp, kernel, X.shape[1])
-    K = kernel_matrix(kernel, X, X, h) + 1e-8 * np.exp(2 * h[-1] if kernel == "se" else h[0]) * np.eye(X.shape[0])
-    F, acc = hmc_latent(K, y_pm, likelihood, n_samples, step, n_leapfrog, seed, burn_in, thin)
-    out = {"F": F, "acceptance": acc, "classes": classes}
+    K = kernel_matrix(kernel, X, X, h)
+    F, acc, ess = hmc_latent(K, y_pm, likelihood, n_samples, step, n_leapfrog, seed, burn_in, thin)
+    _warn_acceptance(acc, "mcmc_posterior")
+    K = K + 1e-8 * np.max(np.diag(K)) * np.eye(X.shape[0])  # the jitter hmc_latent used
+    out = {"F": F, "acceptance": acc, "classes": classes, "ess": ess}
     if X_test is not None:
         X_test = _as_2d_float(X_test, "X_test")
         p, _ = mcmc_predict(F, K, likelihood, kernel_matrix(kernel, X, X_test, h),
@@ -3572,17 +3781,22 @@ def autocorrelation_time(x):
 
 
 def hmc_step_size(K, likelihood):
-    """A leapfrog step for HMC on whitened latents: 0.5 / sqrt(1 + w lambda_max(K)).
+    """A leapfrog step for HMC on whitened latents: 1.5 / sqrt(1 + w lambda_max(K)).
 
     In g = L^-1 f the potential's curvature is at most 1 + w lambda_max(K),
-    with w the largest W of the likelihood (1 for probit, 1/4 for logistic);
-    leapfrog is stable for steps below 2 / sqrt(curvature). Returns
-    (step, n_leapfrog) with a trajectory of length about one, at most 50 steps.
+    with w the largest W of the likelihood in the bulk of the posterior (1
+    for probit, 1/4 for logistic); leapfrog is stable for steps below
+    2 / sqrt(curvature). Returns (step, n_leapfrog) with a trajectory of
+    length about 1.5, at most 50 steps: the default of hmc_latent,
+    mcmc_posterior and (at each temperature) ais. Measured on 80 crabs cases
+    at four (l, sf), both likelihoods: acceptance 0.56-0.98, largest
+    autocorrelation time of a latent 2.8-5.5; a third of this step accepted
+    0.97-1.00 with times up to 52.
     """
-    lam = float(np.linalg.eigvalsh(K)[-1])
-    w = 1.0 if likelihood == "probit" else 0.25
-    step = 0.5 / np.sqrt(1.0 + w * max(lam, 0.0))
-    return step, int(min(50, np.ceil(1.0 / step)))
+    K = np.asarray(K, dtype=float)
+    _check_choice(likelihood, "likelihood", ("logistic", "probit"))
+    step, n_leapfrog = _auto_step(float(np.linalg.eigvalsh(K)[-1]), likelihood, 1.0)
+    return float(step), int(n_leapfrog)
 
 
 def ais_grid(X, y, log_ell, log_sf, likelihood="probit", T=8000, R=3, step="auto", n_leapfrog=10,
@@ -3590,10 +3804,12 @@ def ais_grid(X, y, log_ell, log_sf, likelihood="probit", T=8000, R=3, step="auto
     """AIS log p(y|X) (K&R Algorithm 3) on a grid of (log l, log sf), SE covariance.
 
     step 'auto' picks the step and number of leapfrog steps at each grid
-    point by hmc_step_size (the signal variance changes the stiffness by
-    orders of magnitude across a grid); a number fixes them.
-    Returns a dict of (len(log_sf), len(log_ell)) arrays 'log_Z' and 'se' (its
-    standard error), laid out as evidence_grid's.
+    point and temperature (ais's default: the signal variance and the
+    temperature change the stiffness by orders of magnitude); a number fixes
+    them. Returns a dict of (len(log_sf), len(log_ell)) arrays 'log_Z', 'se'
+    (its standard error), 'acceptance' and 'ess' (ais), laid out as
+    evidence_grid's; one warning lists the points whose acceptance is
+    outside 0.3-0.995.
     """
     X = _as_2d_float(X, "X")
     y_pm, _ = binary_labels(y, "y")
@@ -3603,15 +3819,25 @@ def ais_grid(X, y, log_ell, log_sf, likelihood="probit", T=8000, R=3, step="auto
     log_ell = np.atleast_1d(np.asarray(log_ell, dtype=float))
     log_sf = np.atleast_1d(np.asarray(log_sf, dtype=float))
     shape = (log_sf.size, log_ell.size)
-    out = {"log_Z": np.empty(shape), "se": np.empty(shape)}
+    out = {"log_Z": np.empty(shape), "se": np.empty(shape), "acceptance": np.empty(shape),
+           "ess": np.empty(shape)}
     cells = [(i, j) for i in range(shape[0]) for j in range(shape[1])]
+    lo, hi = _HEALTHY_ACCEPTANCE
+    unhealthy = []
     for i, j in _progress(cells, len(cells), progress, "AIS grid"):
         h = np.array([log_ell[j], log_sf[i]])
-        K = kernel_matrix("se", X, X, h) + 1e-8 * np.exp(2 * h[1]) * np.eye(X.shape[0])
-        eps, nl = hmc_step_size(K, likelihood) if step == "auto" else (step, n_leapfrog)
-        lz, _, se = ais(K, y_pm, likelihood, T, R, eps, nl, seed + 1000 * (i * shape[1] + j))
+        K = kernel_matrix("se", X, X, h)
+        eps, nl = (None, None) if isinstance(step, str) and step == "auto" else (step, n_leapfrog)
+        lz, _, se, acc, ess = ais(K, y_pm, likelihood, T, R, eps, nl, seed + 1000 * (i * shape[1] + j))
         out["log_Z"][i, j] = lz
         out["se"][i, j] = se
+        out["acceptance"][i, j] = acc
+        out["ess"][i, j] = ess
+        if not lo <= acc <= hi:
+            unhealthy.append(f"({log_ell[j]:g}, {log_sf[i]:g}): {acc:.3f}")
+    if unhealthy:
+        warnings.warn(f"ais_grid: HMC acceptance outside {lo}-{hi} at (log l, log sf) = "
+                      + "; ".join(unhealthy), RuntimeWarning, stacklevel=2)
     return out
 
 
