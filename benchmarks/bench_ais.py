@@ -118,7 +118,7 @@ def main():
     estimates = []
     for seed in range(1 if quick else 3):
         t = time.perf_counter()
-        lz, lw, se = gpclab.ais(K, y, "probit", T, 3, step, 10, 100 * seed)
+        lz, lw, se, _, _ = gpclab.ais(K, y, "probit", T, 3, step, 10, 100 * seed)
         estimates.append(lz)
         print(f"  seed {100 * seed:4d}: log Z = {lz:9.3f} +/- {se:.3f} (runs {np.round(lw, 2)}), "
               f"{time.perf_counter() - t:6.1f} s")
@@ -128,7 +128,7 @@ def main():
         K, y = problem(n)
         step, _ = gpclab.hmc_step_size(K, "probit")
         t = time.perf_counter()
-        _, acc = gpclab.hmc_latent(K, y, "probit", 2000, step, 10, 0)
+        _, acc, _ = gpclab.hmc_latent(K, y, "probit", 2000, step, 10, 0)
         dt = time.perf_counter() - t
         print(f"  n = {n:4d}: {2000 / dt:8.0f} transitions per second, acceptance {acc:.2f}")
     print_grid_ratio(quick)

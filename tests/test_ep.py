@@ -252,8 +252,12 @@ def test_step_site_update_equals_quadrature(eps, y_i, mu_cav, s2):
     m2 = integrate.quad(lambda f: (f - m1) ** 2 * w(f), mu_cav - 30 * sd, mu_cav + 30 * sd, points=pts,
                         epsabs=1e-13)[0] / Z
     tau_new, nu_new = gpclab._site_update(y_i, 1 / s2, mu_cav / s2, 0.0, eps)
-    assert tau_new == pytest.approx(1 / m2 - 1 / s2, rel=1e-7, abs=1e-12)
-    assert nu_new == pytest.approx(m1 / m2 - mu_cav / s2, rel=1e-7, abs=1e-12)
+    if 1 / m2 - 1 / s2 >= 0:
+        assert tau_new == pytest.approx(1 / m2 - 1 / s2, rel=1e-7, abs=1e-12)
+        assert nu_new == pytest.approx(m1 / m2 - mu_cav / s2, rel=1e-7, abs=1e-12)
+    else:  # tilted wider than the cavity: tau~ clipped to 0, the posterior mean still the tilted mean
+        assert tau_new == 0.0
+        assert nu_new == pytest.approx((m1 - mu_cav) / s2, rel=1e-7, abs=1e-12)
 
 
 def test_step_likelihood_with_unit_noise_is_the_probit_model():
@@ -281,3 +285,55 @@ def test_step_likelihood_with_unit_noise_is_the_probit_model():
         gpclab.ep(K, y, None, None, 1e-9, 10, "natural", 0, "step", 0.7)
     with pytest.raises(ValueError, match="eps is for likelihood 'step'"):
         gpclab.ep(K, y, None, None, 1e-9, 10, "natural", 0, "probit", 0.1)
+
+
+def _tilted_moments(y_i, mu_cav, s2_cav, eps):
+    """Mean and variance of N(f|mu_cav, s2_cav) (eps + (1 - 2 eps) H(y_i f)) by quadrature (K&G 10)."""
+    sd = math.sqrt(s2_cav)
+    lo, hi = mu_cav - 40 * sd, mu_cav + 40 * sd
+    cuts = [lo, min(max(0.0, lo), hi), hi]  # the step at f = 0
+
+    def moment(k, c):
+        g = lambda f: (f - c) ** k * norm.pdf(f, mu_cav, sd) * (eps + (1 - 2 * eps) * (y_i * f > 0))
+        return sum(integrate.quad(g, cuts[j], cuts[j + 1], epsabs=0, epsrel=1e-12, limit=200)[0]
+                   for j in range(2))
+
+    Z = moment(0, 0.0)
+    m = mu_cav + moment(1, mu_cav) / Z
+    return m, moment(2, m) / Z
+
+
+@pytest.mark.parametrize("eps", [0.05, 0.15])
+def test_step_ep_with_label_noise_is_at_a_fixed_point(eps):
+    """K&G's likelihood with eps > 0 (not log-concave): sites clipped to tau~ = 0 still match the
+    tilted mean; at convergence every posterior marginal has the tilted mean (and variance where
+    tau~ > 0) by quadrature of the tilted distribution."""
+    rng = np.random.default_rng(1)
+    X = rng.uniform(-3, 3, (40, 1))
+    y = np.where(np.sin(1.5 * X[:, 0]) > 0, 1.0, -1.0)
+    y[rng.permutation(40)[:6]] *= -1                       # 15 % flipped labels
+    K = naive.se_kernel(X, X, 0.0, 1.0) + 1e-6 * np.eye(40)
+    res = gpclab.ep(K, y, None, None, 1e-12, 1000, "natural", 0, "step", eps)
+    assert res.converged and res.n_skipped == 0 and np.isfinite(res.log_Z)
+    assert np.sum(res.tau_tilde == 0) >= 3                 # the case that was wrong: clipped sites
+    for i in range(40):
+        tau_cav = 1 / res.Sigma[i, i] - res.tau_tilde[i]
+        nu_cav = res.mu[i] / res.Sigma[i, i] - res.nu_tilde[i]
+        m, v = _tilted_moments(y[i], nu_cav / tau_cav, 1 / tau_cav, eps)
+        assert abs(res.mu[i] - m) < 1e-6 * math.sqrt(v), (i, res.mu[i], m)
+        if res.tau_tilde[i] > 0:
+            assert res.Sigma[i, i] == pytest.approx(v, rel=1e-6), i
+
+
+def test_skipped_sites_are_reported():
+    """A site whose cavity precision rounds to 0 is counted, log Z_EP is nan (no log1p of a negative
+    number), and the evidence function warns."""
+    X = np.array([[0.0], [5.0], [10.0]])
+    y = np.array([1.0, -1.0, 1.0])
+    K = gpclab.kernel_matrix("se", X, X, np.array([0.0, 0.0]))
+    nu0, tau0 = np.zeros(3), np.array([1e20, 0.0, 0.0])   # 1/Sigma_11 - tau~_1 rounds to 0
+    with np.errstate(invalid="raise"):
+        res = gpclab.ep(K, y, nu0, tau0, 1e-9, 1)
+    assert res.n_skipped == 1 and np.isnan(res.log_Z)
+    with pytest.warns(RuntimeWarning, match="skipped 1 site"):
+        gpclab.ep_evidence(X, y, np.array([0.0, 0.0]), sites=(nu0, tau0), eval_gradient=False)

@@ -226,3 +226,59 @@ def test_kim_ghahramani_kernel(rng):
         e[j] = 1e-6
         fd = (gpclab.kernel_matrix("kg", X1, X1, h + e) - gpclab.kernel_matrix("kg", X1, X1, h - e)) / 2e-6
         np.testing.assert_allclose(gpclab.kernel_grad("kg", X1, h, K, j), fd, rtol=1e-7, atol=1e-10)
+
+
+# --- Algorithm 3.1 at a huge signal variance (separable data) -------------------------
+
+def _separable(log_sf):
+    X = np.linspace(-3, 3, 40)[:, None]
+    y = np.where(X[:, 0] > 0, 1.0, -1.0)
+    return X, y, gpclab.kernel_matrix("se", X, X, np.array([0.0, log_sf]))
+
+
+@pytest.mark.parametrize("lik,log_sf", [("logistic", 12.0), ("logistic", 15.0), ("probit", 6.0),
+                                        ("probit", 15.0)])
+def test_log_q_at_a_huge_signal_variance_equals_a_50_digit_newton(lik, log_sf):
+    """Separable 1-D data: f_hat runs off towards infinity, Psi is flat long before f and log|B|
+    settle. log q equals Newton's method in 50 digits on the same K to 1e-6."""
+    _, y, K = _separable(log_sf)
+    res = gpclab.laplace_mode(K, y, lik)
+    ref, _ = naive.laplace_log_q_mp(K, y, lik)
+    assert res.converged
+    assert abs(res.log_q - float(ref)) < 1e-6, (res.log_q, float(ref))
+
+
+@pytest.mark.parametrize("log_sf", [0.0, 6.0])
+def test_log_q_on_separable_data_equals_scikit_learn(log_sf):
+    """scikit-learn's Laplace GPC (GPML Alg. 3.1 in numpy) on the separable data. (It is no
+    reference at log sf >= 9 here: its W = pi (1 - pi) keeps no digits once |f| > 20.)"""
+    from sklearn.gaussian_process._gpc import _BinaryGaussianProcessClassifierLaplace
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel
+    X, y, K = _separable(log_sf)
+    kern = ConstantKernel(np.exp(2 * log_sf), "fixed") * RBF(1.0, "fixed")
+    sk = _BinaryGaussianProcessClassifierLaplace(kernel=kern, optimizer=None).fit(X, (y > 0).astype(int))
+    res = gpclab.laplace_mode(K, y, "logistic")
+    assert res.converged
+    assert abs(res.log_q - sk.log_marginal_likelihood_value_) < 1e-6
+
+
+def test_failed_line_search_is_not_convergence():
+    """K indefinite (B still positive definite at f = 0): no step along the Newton direction
+    raises Psi, and the flag says so instead of reporting the start as the mode."""
+    K = np.array([[1.0, 2.0], [2.0, 1.0]])
+    res = gpclab.laplace_mode(K, np.array([1.0, -1.0]), "logistic")
+    assert not res.converged and res.n_iter == 0
+
+
+def test_huge_signal_variance_fails_clearly_and_the_grid_goes_on():
+    """At log sf = 20 K is not positive definite in floating point: laplace_evidence says so in a
+    ValueError, and evidence_grid marks that point nan with one warning naming it."""
+    X, y, K = _separable(20.0)
+    assert np.linalg.eigvalsh(K)[0] < 0
+    with pytest.raises(ValueError, match="not positive semidefinite in floating point"):
+        gpclab.laplace_evidence(X, y, np.array([0.0, 20.0]), eval_gradient=False)
+    with pytest.warns(RuntimeWarning) as rec:
+        out = gpclab.evidence_grid(X, y, [0.0], [3.0, 20.0], progress=False)
+    failed = [str(w.message) for w in rec if "marked nan" in str(w.message)]
+    assert len(failed) == 1 and "(0, 20)" in failed[0]
+    assert np.isnan(out["log_q"][1, 0]) and np.isfinite(out["log_q"][0, 0])

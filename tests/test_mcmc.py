@@ -20,7 +20,7 @@ def test_ais_matches_the_exact_probit_evidence():
         h = np.array([rng.uniform(-1, 1), rng.uniform(0, 2.5)])
         K = gpclab.kernel_matrix("se", X, X, h) + 1e-8 * np.eye(n)
         exact = gpclab.exact_log_evidence_probit(K, y)
-        log_Z, log_w, se = gpclab.ais(K, y, "probit", 10000, 8, 0.1, 20, trial)
+        log_Z, log_w, se, _, _ = gpclab.ais(K, y, "probit", 10000, 8, 0.1, 20, trial)
         assert log_w.shape == (8,) and se > 0
         assert abs(log_Z - exact) < 3 * se, (trial, log_Z, exact, se)
         assert abs(log_Z - exact) < 0.1, (trial, log_Z, exact)
@@ -48,12 +48,12 @@ def test_ais_schedule_is_checked():
         gpclab.ais(K, y, "probit", 4, 2, 0.1, 5, 0, np.linspace(0.1, 1, 5))
     with pytest.raises(ValueError, match="increasing"):
         gpclab.ais(K, y, "probit", 4, 2, 0.1, 5, 0, np.array([0.0, 0.5, 0.3, 0.9, 1.0]))
-    lz, _, _ = gpclab.ais(K, y, "probit", 4, 2, 0.1, 5, 0, np.linspace(0, 1, 5))  # any increasing schedule
+    lz, _, _, _, _ = gpclab.ais(K, y, "probit", 4, 2, 0.1, 5, 0, np.linspace(0, 1, 5))  # any increasing schedule
     assert np.isfinite(lz)
 
 
 def _hmc_moments(K, y, lik, seed=0):
-    F, acc = gpclab.hmc_latent(K, y, lik, 20000, 0.3, 10, seed, 500, 2)
+    F, acc, _ = gpclab.hmc_latent(K, y, lik, 20000, 0.3, 10, seed, 500, 2)
     return F, acc
 
 
@@ -94,11 +94,11 @@ def test_hmc_leaves_a_gaussian_invariant_and_reproduces_with_a_seed():
     A = r.standard_normal((3, 3))
     K = A @ A.T + np.eye(3)
     y = np.ones(3)
-    F, acc = gpclab.hmc_latent(K, y, "logistic", 20000, 0.5, 5, 1, 100, 1, 0.0)
+    F, acc, _ = gpclab.hmc_latent(K, y, "logistic", 20000, 0.5, 5, 1, 100, 1, 0.0)
     assert acc > 0.95
     assert np.all(np.abs(F.mean(0)) < 4 * np.sqrt(np.diag(K) / 2000))
     np.testing.assert_allclose(np.cov(F.T), K, atol=0.1 * np.abs(K).max())
-    F2, _ = gpclab.hmc_latent(K, y, "logistic", 100, 0.5, 5, 1, 100, 1, 0.0)
+    F2, _, _ = gpclab.hmc_latent(K, y, "logistic", 100, 0.5, 5, 1, 100, 1, 0.0)
     np.testing.assert_array_equal(F2, F[:100])
 
 
@@ -165,7 +165,7 @@ def test_mcmc_predict_equals_a_direct_monte_carlo_average():
     K = gpclab.kernel_matrix("se", X, X, h)
     Ks = gpclab.kernel_matrix("se", X, Xs, h)
     kss = gpclab.kernel_diag("se", Xs, h)
-    F, _ = gpclab.hmc_latent(K, y, "probit", 400, 0.3, 10, 0, 100, 1)
+    F, _, _ = gpclab.hmc_latent(K, y, "probit", 400, 0.3, 10, 0, 100, 1)
     p, means = gpclab.mcmc_predict(F, K, "probit", Ks, kss)
     mean_ref = F @ np.linalg.solve(K, Ks)
     np.testing.assert_allclose(means, mean_ref, rtol=1e-8, atol=1e-10)
@@ -239,3 +239,58 @@ def test_gibbs_mixes_faster_than_metropolis_hastings():
     tau_mh = min(gpclab.autocorrelation_time(gpclab.truncated_gaussian_mh(C, 40000, s, 0)[0][4000:, 0])
                  for s in (0.4, 0.8, 1.6))
     assert gpclab.autocorrelation_time(G[:, 0]) < tau_mh / 3
+
+
+# --- defaults that mix, diagnostics, non-finite proposals ---------------------------
+
+def _crabs_like(n=40, log_sf=3.0, seed=0):
+    X, y = gpclab.make_three_gaussians(seed=seed)
+    idx = np.random.default_rng(seed).choice(len(y), n, replace=False)
+    X, y = X[idx], np.where(y[idx] == np.unique(y)[1], 1.0, -1.0)
+    return X, y, gpclab.kernel_matrix("se", X, X, np.array([0.5, log_sf]))
+
+
+def test_hmc_rejects_non_finite_proposals():
+    """Step 5 with 400 leapfrog steps diverges: every such proposal is rejected, the chain stays finite."""
+    _, y, K = _crabs_like()
+    F, acc, _ = gpclab.hmc_latent(K, y, "probit", 30, 5.0, 400, 0)
+    assert np.all(np.isfinite(F)) and acc < 0.2
+    lz, _, _, acc_ais, _ = gpclab.ais(K, y, "probit", 50, 2, 5.0, 400, 0)
+    assert np.isfinite(lz) and acc_ais < 0.5
+
+
+def test_default_step_mixes_at_a_typical_signal_variance():
+    """log sf = 3: the default step moves the chain (step 0.1 froze it), the acceptance is a real
+    rate, and ess equals n_samples over the largest autocorrelation time computed by FFT."""
+    _, y, K = _crabs_like()
+    F, acc, ess = gpclab.hmc_latent(K, y, "probit", 400, seed=1, burn_in=100)
+    assert 0.3 < acc < 0.995
+    assert len(np.unique(F[:, 0])) > 300
+    ref = 400 / max(gpclab.autocorrelation_time(F[:, i]) for i in range(F.shape[1]))
+    assert ess == pytest.approx(ref, rel=1e-8) and ess > 40
+    _, acc_old, ess_old = gpclab.hmc_latent(K, y, "probit", 400, 0.1, 10, 1, 100)
+    assert acc_old < 0.05 and ess_old < 10
+
+
+def test_acceptance_outside_the_healthy_range_warns():
+    X, y, _ = _crabs_like(n=15)
+    with pytest.warns(RuntimeWarning, match="below 0.3"):
+        gpclab.mcmc_posterior(X, y, [0.5, 3.0], n_samples=50, step=0.5, n_leapfrog=10, burn_in=0)
+    with pytest.warns(RuntimeWarning, match="above 0.995"):
+        gpclab.mcmc_posterior(X, y, [0.5, 3.0], n_samples=50, step=1e-4, n_leapfrog=2, burn_in=0)
+
+
+def test_ais_with_near_duplicate_inputs_matches_the_exact_evidence():
+    """Duplicated inputs make K singular; AIS uses the module's jitter and still matches the
+    orthant probability (which needs only K + I)."""
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((5, 2))
+    X = np.vstack([X, X[:3] + 1e-9])
+    y = np.array([1.0, -1.0, 1.0, 1.0, -1.0, 1.0, -1.0, 1.0])
+    K = gpclab.kernel_matrix("se", X, X, np.array([0.0, 1.0]))
+    with pytest.raises(np.linalg.LinAlgError):
+        np.linalg.cholesky(K)
+    exact = gpclab.exact_log_evidence_probit(K, y)
+    log_Z, _, se, acc, ess = gpclab.ais(K, y, "probit", 3000, 4, seed=0)
+    assert abs(log_Z - exact) < max(3 * se, 0.1), (log_Z, exact, se)
+    assert 0.3 < acc < 0.995 and 1.0 <= ess <= 4.0
