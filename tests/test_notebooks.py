@@ -44,3 +44,26 @@ def test_figures_csv_points_at_notebook_headings():
         headings = [line[3:].strip() for c in nb.cells if c.cell_type == "markdown"
                     for line in c.source.splitlines() if line.startswith("## ")]
         assert any(h.startswith(row["section heading"]) for h in headings), (target, row["section heading"])
+
+
+def test_figures_csv_lists_every_saved_png():
+    """Check that the png column of lectures/FIGURES.csv names exactly the PNG files each lecture saves
+    (its save(fig, "name") calls), in rows of that lecture, each file once."""
+    import csv
+    import re
+
+    with open(os.path.join(ROOT, "lectures", "FIGURES.csv"), newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    listed = {}
+    for row in rows:
+        for name in filter(None, row["png"].split(";")):
+            assert name not in listed, f"{name} is listed twice"
+            listed[name] = row["notebook"]
+    saved = {}
+    for path in LECTURES:
+        nb = nbformat.read(path, as_version=4)
+        for c in nb.cells:
+            if c.cell_type == "code":
+                for name in re.findall(r'save\(fig, "([^"]+)"\)', c.source):
+                    saved[name + ".png"] = os.path.basename(path)
+    assert saved == listed
