@@ -47,8 +47,9 @@ def test_figures_csv_points_at_notebook_headings():
 
 
 def test_figures_csv_lists_every_saved_png():
-    """Check that the png column of lectures/FIGURES.csv names exactly the PNG files each lecture saves
-    (its save(fig, "name") calls), in rows of that lecture (a file may serve several rows)."""
+    """Check that the png column of lectures/FIGURES.csv names every PNG file a lecture saves (its
+    save(fig, "name") calls), in rows of that lecture (a file may serve several rows), and that each name
+    listed is one the lecture's code uses."""
     import csv
     import re
 
@@ -58,11 +59,12 @@ def test_figures_csv_lists_every_saved_png():
     for row in rows:
         for name in filter(None, (row.get("png") or "").split(";")):
             assert listed.setdefault(name, row["notebook"]) == row["notebook"], (name, row["notebook"])
-    saved = {}
+    code = {}
     for path in LECTURES:
         nb = nbformat.read(path, as_version=4)
-        for c in nb.cells:
-            if c.cell_type == "code":
-                for name in re.findall(r'save\(fig, "([^"]+)"\)', c.source):
-                    saved[name + ".png"] = os.path.basename(path)
-    assert saved == listed
+        code[os.path.basename(path)] = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    for notebook, text in code.items():
+        for name in re.findall(r'save\(fig, "([^"]+)"\)', text):
+            assert listed.get(name + ".png") == notebook, f"{notebook} saves {name}.png: not in FIGURES.csv"
+    for name, notebook in listed.items():
+        assert f'"{name[:-4]}"' in code[notebook], f"{name} is listed for {notebook}, which never names it"
