@@ -272,7 +272,7 @@ def _as_float_array(value, name, ctx):
     if a.dtype.kind not in "biuf":
         _fail(TypeError, ctx, name, f"must be an array of real numbers, got dtype {a.dtype}"
                                     + (" (ragged or mixed input?)" if a.dtype == object else ""))
-    return np.ascontiguousarray(a, dtype=np.float64)
+    return np.asarray(a, dtype=np.float64, order="C")         # (ascontiguousarray would make 0-D 1-D)
 
 
 def _check_shape(a, dims, name, ctx):
@@ -302,6 +302,8 @@ def _first_bad(mask):
 
 
 def _check_symmetric(a, name, ctx):
+    if a.size == 0:
+        return
     for A in a.reshape(-1, a.shape[-2], a.shape[-1]):
         if A.shape[0] != A.shape[1]:
             _fail(ValueError, ctx, name, f"must be square, got shape {a.shape}")
@@ -316,6 +318,8 @@ def _check_symmetric(a, name, ctx):
 
 def _check_psd(a, name, ctx):
     _check_symmetric(a, name, ctx)
+    if a.size == 0:
+        return
     for A in a.reshape(-1, a.shape[-2], a.shape[-1]):
         n = A.shape[0]
         if n == 0:
