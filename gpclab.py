@@ -446,7 +446,15 @@ def _flag(value, name, ctx):
     return bool(value)
 
 
-_WHOLE = {"targets": _targets, "loghyp_any": _log_hyp_any, "X": _data_matrix, "bool": _flag}
+def _grid_axis(value, name, ctx):
+    """The values of one axis of a grid: a number or a non-empty 1-D array."""
+    if np.ndim(value) == 0:
+        value = [value]
+    return _compile_spec("(*,) nonempty")(value, name, ctx)
+
+
+_WHOLE = {"targets": _targets, "loghyp_any": _log_hyp_any, "X": _data_matrix, "bool": _flag,
+          "grid": _grid_axis}
 
 
 def _compile_spec(spec):
@@ -537,6 +545,13 @@ class PublicFunction:
             out = self.dispatcher(*args, **kwargs)
         except Interrupted:
             raise KeyboardInterrupt(f"{self.__name__} interrupted") from None
+        except SystemError as e:
+            # numba's dispatcher runs a little Python to type some arguments (str): an
+            # interrupt that lands there is reported as "returned a result with an
+            # exception set", with the KeyboardInterrupt as its cause
+            if isinstance(e.__cause__, KeyboardInterrupt) or isinstance(e.__context__, KeyboardInterrupt):
+                raise KeyboardInterrupt(f"{self.__name__} interrupted") from None
+            raise
         if self.returns is not None:
             out = self.returns(*out)
         return out
@@ -545,6 +560,12 @@ class PublicFunction:
         if attr == "dispatcher":
             raise AttributeError(attr)
         return getattr(self.dispatcher, attr)
+
+    def __get__(self, obj, objtype=None):
+        return self               # a descriptor, so that help() shows the function's docstring
+
+    def __reduce__(self):
+        return _public_by_name, (self.__name__,)          # pickled by name, e.g. for executors
 
     def __repr__(self):
         return f"<gpclab public function {self.__name__}{self.signature}>"
@@ -555,6 +576,10 @@ if not config.DISABLE_JIT:
     def _typeof_public(val, c):
         """numba code that calls a public function calls its njit body (no checks there)."""
         return typeof_impl(val.dispatcher, c)
+
+
+def _public_by_name(name):
+    return globals()[name]
 
 
 def public(returns=None, **specs):
@@ -1728,9 +1753,10 @@ def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0,
     fs = np.empty(C)
     z = np.empty(C)
     for j in range(m):
-        check_interrupt()
         Lj = _cholesky_psd(Sigma_star[j])
-        for _ in range(S):                                    # line 18: for i := 1..S
+        for i in range(S):                                    # line 18: for i := 1..S
+            if i % 4096 == 0:
+                check_interrupt()
             for c in range(C):
                 z[c] = np.random.standard_normal()
             for c in range(C):                                # line 19: f_* ~ N(mu_*, Sigma)
@@ -4128,7 +4154,7 @@ def hmc_step_size(K, likelihood):
     return step, int(min(50, np.ceil(1.0 / step)))
 
 
-@public(likelihood="{logistic,probit}", log_ell="(a,) nonempty", log_sf="(b,) nonempty", T="count",
+@public(likelihood="{logistic,probit}", log_ell="grid", log_sf="grid", T="count",
         R="count", n_leapfrog="count", seed="seed", progress="bool")
 def ais_grid(X, y, log_ell, log_sf, likelihood="probit", T=8000, R=3, step="auto", n_leapfrog=10,
              seed=0, progress=True):
