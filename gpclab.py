@@ -511,7 +511,8 @@ class PublicFunction:
     arguments themselves). Other attributes are the dispatcher's.
     """
 
-    def __init__(self, body, specs, returns):
+    def __init__(self, body, specs, returns, prepare=None):
+        self.prepare = prepare
         self.dispatcher = body
         self.py_func = getattr(body, "py_func", body)
         self.signature = inspect.signature(self.py_func)
@@ -541,6 +542,8 @@ class PublicFunction:
                              f"or choose other hyperparameters") from None
 
     def unchecked(self, *args, **kwargs):
+        if self.prepare is not None:
+            self.prepare()
         try:
             out = self.dispatcher(*args, **kwargs)
         except Interrupted:
@@ -582,15 +585,25 @@ def _public_by_name(name):
     return globals()[name]
 
 
-def public(returns=None, **specs):
+def public(returns=None, prepare=None, **specs):
     """Declare a public function: @public(K="(n, n) psd", y="(n,) pm1", ...) above @njit.
 
     One spec string per checked argument (see the banner of section 0);
-    returns: a namedtuple class built from the tuple the body returns.
+    returns: a namedtuple class built from the tuple the body returns;
+    prepare: called before each call (e.g. _start_threads).
     """
     def wrap(body):
-        return PublicFunction(body, specs, returns)
+        return PublicFunction(body, specs, returns, prepare)
     return wrap
+
+
+def _start_threads():
+    """Start numba's worker threads. numba does it when a parallel function is called from
+    Python, or loaded from the cache; a cached function that calls a parallel one from numba
+    code (ais calls _ais_temperatures) must do it itself, or the parallel loop crashes."""
+    if not config.DISABLE_JIT:
+        from numba import get_num_threads
+        get_num_threads()
 
 
 # ============================================================================
@@ -2439,8 +2452,8 @@ def _ais_temperatures(L, y, likelihood, tau, t0, t1, g, ll, log_w, step, n_leapf
         log_w[r] = lw                                         # ln Z_r (32) once t1 = T + 1
 
 
-@public(K="(n, n) psd", y="(n,) pm1 nonempty", likelihood="{logistic,probit}", T="count", R="count", step="positive",
-        n_leapfrog="count", seed="seed", schedule="(*,) ?")
+@public(prepare=_start_threads, K="(n, n) psd", y="(n,) pm1 nonempty", likelihood="{logistic,probit}",
+        T="count", R="count", step="positive", n_leapfrog="count", seed="seed", schedule="(*,) ?")
 @njit(cache=True)
 def ais(K, y, likelihood, T=8000, R=3, step=0.1, n_leapfrog=10, seed=0, schedule=None):
     """Annealed importance sampling of log p(y|X) (Kuss & Rasmussen Algorithm 3).
