@@ -55,18 +55,62 @@ Glossary (code name: book symbol):
     F the bound (K&G 29), F_cov its covariance part (K&G 56); Kg the covariance
     of the multi-class difference latents g (K&G 43)
 
-Students can step through any function with ``fn.py_func(...)`` or by
-setting NUMBA_DISABLE_JIT=1 before importing.
+The public face (section 0). Every public function is called through one
+checked entry, declared above its body:
+
+    @public(returns=LaplaceMode, K="(n, n) psd", y="(n,) pm1 nonempty",
+            likelihood="{logistic,probit}", a_init="(n,) ?", tol="nonneg",
+            max_iter="count")
+    @njit(cache=True)
+    def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
+
+The wrapper converts each array once to a float64 C-contiguous array (lists,
+ints, float32, Fortran order and slices give the float64 answer), checks
+shapes against the symbols (n above is fixed by K, and y must agree), refuses
+NaN and inf, checks the constraints named in the spec (symmetric, positive
+semidefinite, -1/+1 labels, one-hot, flags, non-negative, log_hyp's length
+for the kernel, ...), and passes scalars as Python int or float and names as
+str: so an njit body receives only float64 C arrays, int64, float64, str or
+None, whatever the caller passed. Bad input raises ValueError or TypeError,
+"laplace_mode: y must have shape (n,) with n = 60 from K, got shape (59,)".
+It then calls the njit body, turns numba's Cholesky failure into a ValueError
+with advice (jitter, other hyperparameters), and builds the namedtuple of
+`returns` from the plain tuple the body returns. numba code calls the body
+directly (numba sees the dispatcher), so checks run once, at the door.
+``fn.py_func`` is the plain Python body and ``fn.unchecked(...)`` the call
+without checks; NUMBA_DISABLE_JIT=1 runs everything as plain Python.
+
+To add a public function: write the @njit(cache=True) body, then put
+@public(...) above it with a spec for every argument (the test
+tests/test_public_face.py insists on that, and generates bad inputs from the
+specs): a shape in symbols, "(n, d)", followed by constraints from
+_ARRAY_CHECKS, "?" if None is allowed; or a scalar kind from _SCALARS
+("count", "seed", "positive", "eps", ...); or "{a,b}" for a name. New kinds
+go into those tables, never into the body. Return a plain tuple from the
+body and name its fields with returns= (a namedtuple made inside njit code
+crashes the process when an interrupt is pending). Python-layer functions
+take the same decorator.
+
+Interrupt. numba code never looks at signals, so every long loop calls
+check_interrupt() once per outer iteration (a Newton step, a block of 48 EP
+site updates, an HMC transition, a block of 32 AIS temperatures, a row of
+K, ...), never inside prange. Ctrl-C or Jupyter's Interrupt then ends any
+call within a fraction of a second with KeyboardInterrupt, and the process
+or kernel carries on.
 """
 
+import ctypes
+import difflib
+import functools
+import inspect
 import math
 import warnings
 from collections import namedtuple
 
 import llvmlite.binding as _llvm
 import numpy as np
-from numba import njit, prange, types
-from numba.extending import get_cython_function_address
+from numba import config, njit, prange, types
+from numba.extending import get_cython_function_address, typeof_impl
 
 __version__ = "0.1.0"
 
@@ -198,6 +242,498 @@ def njit(*args, **options):
     return decorate
 
 # ============================================================================
+# 0. The public face: one checked entry to every public function
+# ============================================================================
+#
+# Each public function is declared with @public(arg="spec", ...) on top of its
+# @njit(cache=True) body. The spec of an argument is a few words:
+#
+#   "(n, n) psd"     an array: converted once to a float64 C array, then its shape
+#                    checked against the symbols (n is bound by the first argument
+#                    that has it, and every other use must agree), its values
+#                    finite, then the constraints that follow (_ARRAY_CHECKS)
+#   "(n,) pm1 ?"     the same; "?" allows None
+#   "count"          a scalar kind (_SCALARS): count, int, seed, real, positive, ...
+#   "{probit,step}"  one of these names
+#
+# The wrapper (PublicFunction) binds the arguments like Python does, converts
+# and checks each one, calls the njit body and turns what it returns into the
+# namedtuple given by returns=. numba's "Matrix is not positive definite."
+# becomes a ValueError naming the psd arguments, with advice. numba code calls
+# the body directly (numba sees the dispatcher, see _typeof_public), so the
+# checks run once, at the door.
+
+_SYM_RTOL = 1e-8          # symmetry: |A - A^T| <= 1e-8 max|A|
+_PSD_JITTER = 1e-6        # psd: cholesky(A + 1e-6 max(diag A) I) must exist (float32 rounding passes)
+_LOG_HYP_MAX = 300.0      # |log_hyp| beyond this overflows exp() in the covariance
+
+
+class Interrupted(KeyboardInterrupt, Exception):
+    """Ctrl-C or Jupyter's Interrupt seen inside numba code (a KeyboardInterrupt).
+
+    numba can raise only Exception subclasses; the public face re-raises it as
+    a plain KeyboardInterrupt.
+    """
+
+
+def _c_function(symbol, address, restype, nargs):
+    """A C function callable from njit code under a registered symbol name (which keeps
+    numba's cache valid: a ctypes pointer would not), or through ctypes when
+    NUMBA_DISABLE_JIT=1 runs the same code as plain Python. Pointer arguments only."""
+    _llvm.add_symbol(symbol, address)
+    if config.DISABLE_JIT:
+        return ctypes.CFUNCTYPE(restype[1], *([ctypes.c_void_p] * nargs))(address)
+    return types.ExternalFunction(symbol, restype[0](*([types.voidptr] * nargs)))
+
+
+def _c_address(fn):
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+_check_signals = _c_function("gpclab_check_signals", _c_address(ctypes.pythonapi.PyErr_CheckSignals),
+                             (types.int32, ctypes.c_int), 0)
+_clear_error = _c_function("gpclab_clear_error", _c_address(ctypes.pythonapi.PyErr_Clear),
+                           (types.void, None), 0)
+
+
+@njit(cache=True)
+def check_interrupt():
+    """Raise KeyboardInterrupt (Interrupted) if Ctrl-C or Jupyter's Interrupt has arrived.
+
+    numba code never looks at signals by itself: long loops call this once
+    per outer iteration. It runs CPython's signal handlers (PyErr_CheckSignals,
+    a few nanoseconds when nothing is pending). Main thread only: never call
+    it inside prange, whose worker threads have no Python thread state.
+    """
+    if _check_signals() != 0:
+        _clear_error()            # numba raises its own exception below
+        raise Interrupted("interrupted")
+
+
+if config.DISABLE_JIT:
+    def check_interrupt():        # noqa: F811  plain Python sees signals by itself
+        """Nothing to do without numba: Python checks for signals between bytecodes."""
+
+
+class _Context:
+    """What the checks of one call have learnt: dimension symbols and converted arguments."""
+
+    def __init__(self, where):
+        self.where = where
+        self.dims = {}            # symbol -> (value, name of the argument that fixed it)
+        self.args = {}
+
+
+def _fail(exc, ctx, name, message):
+    raise exc(f"{ctx.where}: {name} {message}")
+
+
+def _scalar_number(value, name, ctx, integer):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        hint = ""
+        if isinstance(value, tuple):
+            hint = " (a tuple: unpack it first, e.g. step, n_leapfrog = hmc_step_size(K, likelihood))"
+        elif isinstance(value, np.ndarray) and value.size == 1:
+            hint = " (a one-element array: use .item())"
+        _fail(TypeError, ctx, name, f"must be {'an integer' if integer else 'a number'}, "
+                                    f"got {type(value).__name__}{hint}")
+    if integer:
+        if not isinstance(value, (int, np.integer)):
+            if float(value).is_integer():
+                return int(value)
+            _fail(TypeError, ctx, name, f"must be an integer, got {value!r}")
+        return int(value)
+    return float(value)
+
+
+def _scalar(test, what, integer=False, allow_inf=False):
+    def check(value, name, ctx):
+        v = _scalar_number(value, name, ctx, integer)
+        if not integer and not allow_inf and not math.isfinite(v):
+            _fail(ValueError, ctx, name, f"must be finite, got {v}")
+        if not integer and allow_inf and math.isnan(v):
+            _fail(ValueError, ctx, name, "must not be NaN")
+        if not test(v):
+            _fail(ValueError, ctx, name, f"must be {what}, got {value!r}")
+        return v
+    return check
+
+
+_SCALARS = {
+    "real": _scalar(lambda v: True, "a finite number"),
+    "number": _scalar(lambda v: True, "a number", allow_inf=True),
+    "positive": _scalar(lambda v: v > 0, "> 0"),
+    "nonneg": _scalar(lambda v: v >= 0, ">= 0"),
+    "unit": _scalar(lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "eps": _scalar(lambda v: 0 <= v < 0.5, "in [0, 0.5) (a labelling-noise probability)"),
+    "int": _scalar(lambda v: True, "an integer", integer=True),
+    "count": _scalar(lambda v: v >= 1, "a positive integer (>= 1)", integer=True),
+    "count0": _scalar(lambda v: v >= 0, "a non-negative integer", integer=True),
+    "seed": _scalar(lambda v: 0 <= v < 2 ** 31, "an integer in [0, 2**31)", integer=True),
+    "pm1": _scalar(lambda v: v in (-1.0, 1.0), "-1 or +1"),
+}
+
+
+def _choice(choices):
+    def check(value, name, ctx):
+        if not isinstance(value, str):
+            _fail(TypeError, ctx, name, f"must be a name, one of {', '.join(map(repr, choices))}; "
+                                        f"got {type(value).__name__}")
+        if value not in choices:
+            close = difflib.get_close_matches(value.lower(), choices, n=1, cutoff=0.5)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            _fail(ValueError, ctx, name, f"must be one of {', '.join(map(repr, choices))}, "
+                                         f"got {value!r}{hint}")
+        return value
+    return check
+
+
+def _as_float_array(value, name, ctx):
+    """value as a float64 C-contiguous array: the one conversion of the public face."""
+    if isinstance(value, (str, bytes, dict, set)) or value is None:
+        _fail(TypeError, ctx, name, f"must be an array of numbers, got {type(value).__name__}")
+    try:
+        a = np.asarray(value)
+    except ValueError as e:                                   # ragged nested lists
+        _fail(ValueError, ctx, name, f"must be a rectangular array of numbers: {e}")
+    if a.dtype.kind not in "biuf":
+        _fail(TypeError, ctx, name, f"must be an array of real numbers, got dtype {a.dtype}"
+                                    + (" (ragged or mixed input?)" if a.dtype == object else ""))
+    return np.asarray(a, dtype=np.float64, order="C")         # (ascontiguousarray would make 0-D 1-D)
+
+
+def _check_shape(a, dims, name, ctx):
+    if a.ndim != len(dims):
+        _fail(ValueError, ctx, name, f"must be {len(dims)}-D of shape ({', '.join(dims)}"
+                                     f"{',' if len(dims) == 1 else ''}), got shape {a.shape}")
+    for axis, sym in enumerate(dims):
+        if sym == "*":
+            continue
+        if sym.isdigit():
+            fixed, source = int(sym), None
+        elif sym in ctx.dims:
+            fixed, source = ctx.dims[sym]
+        else:
+            ctx.dims[sym] = (a.shape[axis], name)
+            continue
+        if a.shape[axis] != fixed:
+            shape = ", ".join(dims) + ("," if len(dims) == 1 else "")
+            where = "" if source is None else (f" (the shape of {name} itself)" if source == name
+                                               else f" from {source}")
+            _fail(ValueError, ctx, name, f"must have shape ({shape}) with {sym} = {fixed}{where}, "
+                                         f"got shape {a.shape}")
+
+
+def _first_bad(mask):
+    return tuple(int(i) for i in np.argwhere(mask)[0])
+
+
+def _check_symmetric(a, name, ctx):
+    if a.size == 0:
+        return
+    for A in a.reshape(-1, a.shape[-2], a.shape[-1]):
+        if A.shape[0] != A.shape[1]:
+            _fail(ValueError, ctx, name, f"must be square, got shape {a.shape}")
+        gap = np.abs(A - A.T)
+        scale = np.abs(A).max() if A.size else 0.0
+        if gap.max(initial=0.0) > _SYM_RTOL * scale:
+            i, j = _first_bad(gap == gap.max())
+            _fail(ValueError, ctx, name, f"must be symmetric (to a relative tolerance {_SYM_RTOL:g}), "
+                                         f"got {name}[{i}, {j}] = {A[i, j]:.6g} but "
+                                         f"{name}[{j}, {i}] = {A[j, i]:.6g}")
+
+
+def _check_psd(a, name, ctx):
+    _check_symmetric(a, name, ctx)
+    if a.size == 0:
+        return
+    for A in a.reshape(-1, a.shape[-2], a.shape[-1]):
+        n = A.shape[0]
+        if n == 0:
+            continue
+        d = np.diagonal(A)
+        if d.min() < 0:
+            _fail(ValueError, ctx, name, f"must be positive semidefinite, but its diagonal has "
+                                         f"{d.min():.6g} < 0 at {int(np.argmin(d))}")
+        jitter = _PSD_JITTER * max(d.max(), 1e-300)
+        try:
+            np.linalg.cholesky(A + jitter * np.eye(n))
+        except np.linalg.LinAlgError:
+            low = np.linalg.eigvalsh(A)[0]
+            _fail(ValueError, ctx, name, f"must be positive semidefinite (a covariance matrix): its "
+                                         f"smallest eigenvalue is {low:.3g}, and {name} + "
+                                         f"{_PSD_JITTER:g} max(diag {name}) I has no Cholesky "
+                                         f"factor. Build it with kernel_matrix, or add jitter to "
+                                         f"its diagonal, or choose other hyperparameters")
+
+
+def _values(test, what):
+    def check(a, name, ctx):
+        bad = ~test(a)
+        if bad.any():
+            idx = _first_bad(bad)
+            where = idx[0] if len(idx) == 1 else list(idx)
+            _fail(ValueError, ctx, name, f"must contain only {what}, got {a[idx]:g} at index {where}")
+    return check
+
+
+def _check_one_hot_py(a, name, ctx):
+    _values(lambda v: (v == 0) | (v == 1), "0 and 1 (one-hot)")(a, name, ctx)
+    if a.shape[0] < 2:
+        _fail(ValueError, ctx, name, f"must have at least 2 classes (rows), got shape {a.shape}")
+    s = a.sum(axis=0)
+    if np.any(s != 1):
+        i = int(np.argmax(s != 1))
+        _fail(ValueError, ctx, name, f"must be one-hot: exactly one 1 in each column, column {i} "
+                                     f"has {int(s[i])}")
+
+
+def _check_log_hyp_len(a, name, ctx):
+    kernel = ctx.args.get("kernel")
+    d = ctx.dims.get("d", (None,))[0]
+    if kernel is not None and d is not None:
+        p = n_hyp(kernel, d)
+        if a.shape[-1] != p:
+            what = {"se": "(log l, log sf)", "ard": "(log v0, log v1, log w_1..log w_d)",
+                    "kg": "(log t0, log t1, log t2, log l_1..log l_d)",
+                    "kg_iso": "(log t0, log t1, log t2, log l)"}[kernel]
+            _fail(ValueError, ctx, name, f"for kernel {kernel!r} on d = {d} inputs must have "
+                                         f"length {p} {what}, got shape {a.shape}")
+    big = np.abs(a) > _LOG_HYP_MAX
+    if big.any():
+        _fail(ValueError, ctx, name, f"holds {a[big][0]:g}: log-hyperparameters beyond "
+                                     f"+-{_LOG_HYP_MAX:g} overflow the covariance")
+
+
+def _check_nonempty(a, name, ctx):
+    if a.size == 0:
+        _fail(ValueError, ctx, name, f"must not be empty, got shape {a.shape}")
+
+
+_ARRAY_CHECKS = {
+    "sym": _check_symmetric,
+    "psd": _check_psd,
+    "pm1": _values(lambda v: (v == 1) | (v == -1), "-1 and +1"),
+    "onehot": _check_one_hot_py,
+    "nonneg": _values(lambda v: v >= 0, "values >= 0"),
+    "positive": _values(lambda v: v > 0, "values > 0"),
+    "unit": _values(lambda v: (v >= 0) & (v <= 1), "values in [0, 1]"),
+    "flags": _values(lambda v: (v == 0) | (v == 1), "flags 0/1 or False/True, one per input column "
+                                                   "(for column indices use discrete_flags)"),
+    "loghyp": _check_log_hyp_len,
+    "nonempty": _check_nonempty,
+}
+
+
+def _chol_diag(a, name, ctx):
+    d = np.diagonal(a, axis1=-2, axis2=-1)
+    if np.any(d <= 0):
+        _fail(ValueError, ctx, name, "must be a Cholesky factor (lower triangular, positive diagonal), "
+                                     f"got a diagonal entry {d[d <= 0][0]:g}")
+
+
+_ARRAY_CHECKS["chol"] = _chol_diag
+
+
+def _check_bounds(a, name, ctx):
+    if np.any(a[:, 0] > a[:, 1]):
+        i = int(np.argmax(a[:, 0] > a[:, 1]))
+        _fail(ValueError, ctx, name, f"must be (low, high) pairs with low <= high, got {tuple(a[i])} "
+                                     f"at {i}")
+
+
+_ARRAY_CHECKS["bounds"] = _check_bounds
+
+
+def _targets(value, name, ctx):
+    """Targets of the numba layer: -1/+1 of shape (n,), or one-hot of shape (C, n)."""
+    if np.ndim(value) == 2:
+        return _compile_spec("(C, n) onehot nonempty")(value, name, ctx)
+    return _compile_spec("(n,) pm1 nonempty")(value, name, ctx)
+
+
+def _log_hyp_any(value, name, ctx):
+    """Log-hyperparameters (p,), or (C, p) for one set per class."""
+    if np.ndim(value) == 2:
+        return _compile_spec("(C, p) loghyp")(value, name, ctx)
+    return _compile_spec("(p,) loghyp")(value, name, ctx)
+
+
+def _data_matrix(value, name, ctx):
+    """Inputs X of the Python layer, (n, d): with a hint for a 1-D array."""
+    if np.ndim(value) == 1:
+        _fail(ValueError, ctx, name, f"must be 2-D of shape (n_samples, n_features), got shape "
+                                     f"{np.shape(value)}; use {name}.reshape(-1, 1) for a single feature")
+    return _compile_spec("(n, d) nonempty")(value, name, ctx)
+
+
+def _flag(value, name, ctx):
+    if not isinstance(value, (bool, np.bool_)):
+        _fail(TypeError, ctx, name, f"must be True or False, got {value!r}")
+    return bool(value)
+
+
+def _grid_axis(value, name, ctx):
+    """The values of one axis of a grid: a number or a non-empty 1-D array."""
+    if np.ndim(value) == 0:
+        value = [value]
+    return _compile_spec("(*,) nonempty")(value, name, ctx)
+
+
+_WHOLE = {"targets": _targets, "loghyp_any": _log_hyp_any, "X": _data_matrix, "bool": _flag,
+          "grid": _grid_axis}
+
+
+def _compile_spec(spec):
+    """Turn an argument's spec string into a function (value, name, ctx) -> converted value."""
+    words = spec.replace(", ", ",").split()
+    optional = "?" in words
+    words = [w for w in words if w != "?"]
+    if words and words[0].startswith("("):
+        dims = [s.strip() for s in words[0].strip("()").split(",") if s.strip()]
+        inplace = "inplace" in words
+        checks = [_ARRAY_CHECKS[w] for w in words[1:] if w != "inplace"]
+
+        def convert(value, name, ctx):
+            if value is None and optional:
+                return None
+            if inplace:                                       # written in place: no copy allowed
+                if not (isinstance(value, np.ndarray) and value.dtype == np.float64
+                        and value.flags.c_contiguous and value.flags.writeable):
+                    _fail(TypeError, ctx, name, "is updated in place and must be a writeable "
+                                                "C-contiguous float64 ndarray")
+                a = value
+            else:
+                a = _as_float_array(value, name, ctx)
+            _check_shape(a, dims, name, ctx)
+            if not np.all(np.isfinite(a)):
+                idx = _first_bad(~np.isfinite(a))
+                where = idx[0] if len(idx) == 1 else list(idx)
+                _fail(ValueError, ctx, name, f"must be finite, got {a[idx]} at index {where}")
+            for check in checks:
+                check(a, name, ctx)
+            return a
+        return convert
+    (word,) = words
+    if word in _WHOLE:
+        base = _WHOLE[word]
+    elif word.startswith("{"):
+        base = _choice(tuple(word.strip("{}").split(",")))
+    else:
+        base = _SCALARS[word]
+
+    def convert_scalar(value, name, ctx):
+        if value is None and optional:
+            return None
+        return base(value, name, ctx)
+    return convert_scalar
+
+
+class PublicFunction:
+    """A public function of gpclab: checks and converts its arguments, calls the body.
+
+    Attributes: py_func, the plain Python body (to step through in a debugger);
+    dispatcher, the njit function itself (numba code calls it directly);
+    unchecked(...), the call without the checks (for callers that built the
+    arguments themselves). Other attributes are the dispatcher's.
+    """
+
+    def __init__(self, body, specs, returns, prepare=None):
+        self.prepare = prepare
+        self.dispatcher = body
+        self.py_func = getattr(body, "py_func", body)
+        self.signature = inspect.signature(self.py_func)
+        unknown = set(specs) - set(self.signature.parameters)
+        if unknown:
+            raise TypeError(f"public spec for {self.py_func.__name__} names no argument {unknown}")
+        self.specs = {k: _compile_spec(v) for k, v in specs.items()}
+        self.spec_text = dict(specs)
+        self.returns = returns
+        self._psd = [k for k, v in specs.items() if "psd" in v.split() or "chol" in v.split()]
+        functools.update_wrapper(self, self.py_func)
+
+    def __call__(self, *args, **kwargs):
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        ctx = _Context(self.__name__)
+        ctx.args = dict(bound.arguments)
+        for name, check in self.specs.items():               # in the order of the spec
+            bound.arguments[name] = ctx.args[name] = check(bound.arguments[name], name, ctx)
+        try:
+            return self.unchecked(*bound.args, **bound.kwargs)
+        except np.linalg.LinAlgError as e:
+            what = " and ".join(self._psd) or "the covariance"
+            raise ValueError(f"{self.__name__}: a Cholesky factorisation failed ({e}): {what} "
+                             f"must be positive definite enough for this step. Add jitter to "
+                             f"the diagonal (e.g. K + 1e-8 * np.eye(n) * K.diagonal().mean()) "
+                             f"or choose other hyperparameters") from None
+
+    def unchecked(self, *args, **kwargs):
+        if self.prepare is not None:
+            self.prepare()
+        try:
+            out = self.dispatcher(*args, **kwargs)
+        except Interrupted:
+            raise KeyboardInterrupt(f"{self.__name__} interrupted") from None
+        except SystemError as e:
+            # numba's dispatcher runs a little Python to type some arguments (str): an
+            # interrupt that lands there is reported as "returned a result with an
+            # exception set", with the KeyboardInterrupt as its cause
+            if isinstance(e.__cause__, KeyboardInterrupt) or isinstance(e.__context__, KeyboardInterrupt):
+                raise KeyboardInterrupt(f"{self.__name__} interrupted") from None
+            raise
+        if self.returns is not None:
+            out = self.returns(*out)
+        return out
+
+    def __getattr__(self, attr):
+        if attr == "dispatcher":
+            raise AttributeError(attr)
+        return getattr(self.dispatcher, attr)
+
+    def __get__(self, obj, objtype=None):
+        return self               # a descriptor, so that help() shows the function's docstring
+
+    def __reduce__(self):
+        return _public_by_name, (self.__name__,)          # pickled by name, e.g. for executors
+
+    def __repr__(self):
+        return f"<gpclab public function {self.__name__}{self.signature}>"
+
+
+if not config.DISABLE_JIT:
+    @typeof_impl.register(PublicFunction)
+    def _typeof_public(val, c):
+        """numba code that calls a public function calls its njit body (no checks there)."""
+        return typeof_impl(val.dispatcher, c)
+
+
+def _public_by_name(name):
+    return globals()[name]
+
+
+def public(returns=None, prepare=None, **specs):
+    """Declare a public function: @public(K="(n, n) psd", y="(n,) pm1", ...) above @njit.
+
+    One spec string per checked argument (see the banner of section 0);
+    returns: a namedtuple class built from the tuple the body returns;
+    prepare: called before each call (e.g. _start_threads).
+    """
+    def wrap(body):
+        return PublicFunction(body, specs, returns, prepare)
+    return wrap
+
+
+def _start_threads():
+    """Start numba's worker threads. numba does it when a parallel function is called from
+    Python, or loaded from the cache; a cached function that calls a parallel one from numba
+    code (ais calls _ais_temperatures) must do it itself, or the parallel loop crashes."""
+    if not config.DISABLE_JIT:
+        from numba import get_num_threads
+        get_num_threads()
+
+
+# ============================================================================
 # 1. Numerics: log Phi, N/Phi, triangular solves, quadrature rules
 # ============================================================================
 
@@ -226,6 +762,7 @@ def _mills_tail(x):
     return r
 
 
+@public(z="number")
 @njit(cache=True)
 def log_phi(z):
     """log Phi(z), the log of the standard normal cdf, for any real z.
@@ -242,6 +779,7 @@ def log_phi(z):
     return -0.5 * x * x - _LOG_SQRT_2PI - math.log(x + _mills_tail(x))
 
 
+@public(z="number")
 @njit(cache=True)
 def n_over_phi(z):
     """N(z)/Phi(z), the inverse Mills ratio, stable for z in [-1e3, 1e3]."""
@@ -251,6 +789,7 @@ def n_over_phi(z):
     return x + _mills_tail(x)
 
 
+@public(z="number")
 @njit(cache=True)
 def n_over_phi_and_sum(z):
     """r = N(z)/Phi(z) and r + z, the latter without cancellation for z << 0.
@@ -265,12 +804,14 @@ def n_over_phi_and_sum(z):
     return -z + t, t
 
 
+@public(z="number")
 @njit(cache=True)
 def std_normal_cdf(z):
     """Phi(z), the standard normal cumulative distribution function."""
     return 0.5 * math.erfc(-z / _SQRT2)
 
 
+@public(z="number")
 @njit(cache=True)
 def sigmoid(z):
     """The logistic function lambda(z) = 1 / (1 + exp(-z)), without overflow."""
@@ -280,6 +821,7 @@ def sigmoid(z):
     return e / (1.0 + e)
 
 
+@public(L="(n, n) chol")
 @njit(cache=True)
 def half_log_det(L):
     """sum_i log L_ii = 1/2 log|L L^T| for a Cholesky factor L."""
@@ -289,6 +831,7 @@ def half_log_det(L):
     return s
 
 
+@public(L="(n, n) chol", b="(n,)")
 @njit(cache=True, fastmath={"reassoc", "contract"})
 def solve_lower(L, b):
     """Solve L x = b for lower-triangular L (forward substitution, L \\ b)."""
@@ -302,6 +845,7 @@ def solve_lower(L, b):
     return x
 
 
+@public(L="(n, n) chol", b="(n,)")
 @njit(cache=True, fastmath={"reassoc", "contract"})
 def solve_lower_transpose(L, b):
     """Solve L^T x = b for lower-triangular L (back substitution, L^T \\ b).
@@ -323,21 +867,15 @@ def solve_lower_transpose(L, b):
 # exports. Registering the symbol by name keeps the numba cache valid across
 # processes (a ctypes pointer would disable caching). All integer arguments
 # are 32-bit and passed by pointer; a C-order array is the Fortran transpose.
-_llvm.add_symbol(
-    "gpclab_dtrsm",
-    get_cython_function_address("scipy.linalg.cython_blas", "dtrsm"))
-_llvm.add_symbol(
-    "gpclab_dsyrk",
-    get_cython_function_address("scipy.linalg.cython_blas", "dsyrk"))
-_llvm.add_symbol(
-    "gpclab_dpotri",
-    get_cython_function_address("scipy.linalg.cython_lapack", "dpotri"))
-_vp = types.voidptr
-_dtrsm = types.ExternalFunction("gpclab_dtrsm", types.void(*([_vp] * 11)))
-_dsyrk = types.ExternalFunction("gpclab_dsyrk", types.void(*([_vp] * 10)))
-_dpotri = types.ExternalFunction("gpclab_dpotri", types.void(*([_vp] * 5)))
+_dtrsm = _c_function("gpclab_dtrsm", get_cython_function_address("scipy.linalg.cython_blas", "dtrsm"),
+                     (types.void, None), 11)
+_dsyrk = _c_function("gpclab_dsyrk", get_cython_function_address("scipy.linalg.cython_blas", "dsyrk"),
+                     (types.void, None), 10)
+_dpotri = _c_function("gpclab_dpotri", get_cython_function_address("scipy.linalg.cython_lapack", "dpotri"),
+                      (types.void, None), 5)
 
 
+@public(L="(n, n) chol", B="(n, m)")
 @njit(cache=True)
 def solve_lower_matrix(L, B):
     """Solve L X = B for lower-triangular L (n, n) and B (n, m), by BLAS dtrsm."""
@@ -359,6 +897,7 @@ def solve_lower_matrix(L, B):
     return X
 
 
+@public(C="(n, n) inplace", A="(k, n)", alpha="real")
 @njit(cache=True)
 def syrk_lower(C, A, alpha):
     """C := C + alpha A^T A on the lower triangle of C (n, n), A (k, n), by BLAS dsyrk.
@@ -381,6 +920,7 @@ def syrk_lower(C, A, alpha):
            nn.ctypes, beta.ctypes, C.ctypes, nn.ctypes)
 
 
+@public(K="(n, n) sym", V="(k, n)")
 @njit(cache=True)
 def minus_gram(K, V):
     """K - V^T V for symmetric K (n, n) and V (k, n), by BLAS dsyrk (half a matrix product)."""
@@ -393,6 +933,7 @@ def minus_gram(K, V):
     return out
 
 
+@public(L="(n, n) chol")
 @njit(cache=True)
 def cholesky_inverse(L):
     """B^-1 from the Cholesky factor L of B = L L^T, by LAPACK dpotri."""
@@ -428,6 +969,7 @@ _GH_X, _GH_W = _gauss_hermite(64)
 _GL_X, _GL_W = _gauss_laguerre(64)
 
 
+@public(mu="real", var="nonneg")
 @njit(cache=True)
 def logistic_gaussian_integral(mu, var):
     """E[lambda(f)] for f ~ N(mu, var): the integral of GPML eq. (3.25).
@@ -478,6 +1020,7 @@ def logistic_gaussian_integral(mu, var):
 # it appears in k(X, X) and in k(x_*, x_*), not between different points.
 
 
+@public(kernel="{se,ard,kg,kg_iso}", d="count")
 @njit(cache=True)
 def n_hyp(kernel, d):
     """Number of log-hyperparameters of covariance `kernel` on d inputs."""
@@ -532,6 +1075,7 @@ def _inverse_length_scales(kernel, d, log_hyp):
     return np.full(d, math.exp(log_hyp[3]))                   # "kg_iso": one l for all inputs
 
 
+@public(kernel="{se,ard,kg,kg_iso}", X1="(n, d)", X2="(m, d)", log_hyp="(p,) loghyp", discrete="(d,) flags ?")
 @njit(cache=True)
 def kernel_matrix(kernel, X1, X2, log_hyp, discrete=None):
     """Covariance matrix k(X1, X2), shape (n1, n2), for log-hyperparameters log_hyp.
@@ -553,6 +1097,7 @@ def kernel_matrix(kernel, X1, X2, log_hyp, discrete=None):
         inv_l2 = math.exp(-2.0 * log_hyp[0])
         sf2 = math.exp(2.0 * log_hyp[1])
         for i in range(n1):
+            check_interrupt()
             for j in range(i + 1 if symmetric else n2):
                 r2 = 0.0
                 for m in range(d):
@@ -563,6 +1108,7 @@ def kernel_matrix(kernel, X1, X2, log_hyp, discrete=None):
         v1 = math.exp(log_hyp[1])
         w = _inverse_length_scales(kernel, d, log_hyp)
         for i in range(n1):
+            check_interrupt()
             for j in range(i + 1 if symmetric else n2):
                 s = 0.0
                 for m in range(d):
@@ -579,6 +1125,7 @@ def kernel_matrix(kernel, X1, X2, log_hyp, discrete=None):
     return K
 
 
+@public(kernel="{se,ard,kg,kg_iso}", X="(m, d)", log_hyp="(p,) loghyp")
 @njit(cache=True)
 def kernel_diag(kernel, X, log_hyp):
     """k(x, x) for each row of X, shape (m,): the prior variances of test latents."""
@@ -591,6 +1138,8 @@ def kernel_diag(kernel, X, log_hyp):
     return np.full(m, math.exp(log_hyp[0]) + math.exp(log_hyp[1]))
 
 
+@public(kernel="{se,ard,kg,kg_iso}", X="(n, d)", log_hyp="(p,) loghyp", K="(n, n)", j="count0",
+        discrete="(d,) flags ?")
 @njit(cache=True)
 def kernel_grad(kernel, X, log_hyp, K, j, discrete=None):
     """dK/d log_hyp[j], shape (n, n), given K = kernel_matrix(kernel, X, X, log_hyp, discrete)."""
@@ -661,6 +1210,7 @@ def _check_labels(y):
             raise ValueError("y must contain only -1 and +1")
 
 
+@public(y="(n,) pm1", f="(n,)")
 @njit(cache=True)
 def logistic(y, f):
     """Logistic likelihood p(y_i|f_i) = lambda(y_i f_i) (GPML 3.15).
@@ -690,6 +1240,7 @@ def logistic(y, f):
     return lp, dlp, d2lp, d3lp
 
 
+@public(y="(n,) pm1", f="(n,)")
 @njit(cache=True)
 def probit(y, f):
     """Cumulative-Gaussian likelihood p(y_i|f_i) = Phi(y_i f_i) (GPML 3.16).
@@ -714,6 +1265,7 @@ def probit(y, f):
     return lp, dlp, d2lp, d3lp
 
 
+@public(likelihood="{logistic,probit}", y="(n,) pm1", f="(n,)")
 @njit(cache=True)
 def log_likelihood(likelihood, y, f):
     """Dispatch on the likelihood's name: 'logistic' (3.15) or 'probit' (3.16)."""
@@ -724,6 +1276,8 @@ def log_likelihood(likelihood, y, f):
     raise ValueError("likelihood must be 'logistic' or 'probit'")
 
 
+@public(likelihood="{logistic,probit}", f_bar_star="(m,)", V_f_star="(m,)",
+        rule="{average,map,mackay}")
 @njit(cache=True)
 def averaged_probability(likelihood, f_bar_star, V_f_star, rule):
     """Predictive probability of class +1 from the latent mean and variance.
@@ -789,6 +1343,8 @@ def _form_B(K, sW):
     return B
 
 
+@public(returns=LaplaceMode, K="(n, n) psd", y="(n,) pm1 nonempty", likelihood="{logistic,probit}",
+        a_init="(n,) ?", tol="nonneg", max_iter="count")
 @njit(cache=True)
 def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
     """Mode-finding for binary Laplace GPC (GPML Algorithm 3.1).
@@ -854,6 +1410,7 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
     log_q_old = -np.inf
     full_step = False
     while True:                                              # line 3: repeat
+        check_interrupt()
         W = -d2lp                                            # line 4: W := -grad grad log p(y|f)  (3.15/3.16)
         sW = np.sqrt(W)
         L = np.linalg.cholesky(_form_B(K, sW))               # line 5: L := cholesky(I + W^1/2 K W^1/2)
@@ -902,9 +1459,11 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
         dlp = dlp_t
         d2lp = d2lp_t
         n_iter += 1
-    return LaplaceMode(f, log_q, a, sW, L, n_iter, converged)  # line 11
+    return f, log_q, a, sW, L, n_iter, converged        # line 11 (LaplaceMode)
 
 
+@public(f_hat="(n,) nonempty", K="(n, n) psd", y="(n,) pm1", likelihood="{logistic,probit}", K_star="(n, m)",
+        k_star_star="(m,)", rule="{average,map,mackay}", L="(n, n) chol ?")
 @njit(cache=True)
 def laplace_predict(f_hat, K, y, likelihood, K_star, k_star_star, rule="average", L=None):
     """Predictions for binary Laplace GPC (GPML Algorithm 3.2).
@@ -966,6 +1525,8 @@ def laplace_predict(f_hat, K, y, likelihood, K_star, k_star_star, rule="average"
     return pi_bar_star, f_bar_star, V_f_star                 # line 8
 
 
+@public(K="(n, n) psd", X="(n, d)", kernel="{se,ard,kg,kg_iso}", log_hyp="(p,) loghyp", y="(n,) pm1 nonempty",
+        likelihood="{logistic,probit}", f_hat="(n,)", a="(n,)", L="(n, n) chol", discrete="(d,) flags ?")
 @njit(cache=True)
 def laplace_log_q_grad(K, X, kernel, log_hyp, y, likelihood, f_hat, a, L, discrete=None):
     """Gradient of the Laplace log q(y|X, theta) (3.32) w.r.t. log_hyp (K&R eqs. 42-47).
@@ -1026,6 +1587,7 @@ def laplace_log_q_grad(K, X, kernel, log_hyp, y, likelihood, f_hat, a, L, discre
     p = log_hyp.shape[0]
     grad = np.empty(p)
     for j in range(p):
+        check_interrupt()
         dK = kernel_grad(kernel, X, log_hyp, K, j, discrete)
         aDa, trRdK, b = _gradient_terms(dK, R, a, dlp)       # a^T dK a, tr(R dK), dK grad log p
         explicit = 0.5 * aDa - 0.5 * trRdK                   # (K&R 43) with a = K^-1 f_hat
@@ -1068,6 +1630,7 @@ MultiLaplaceMode = namedtuple(
     "MultiLaplaceMode", ["f_hat", "log_q", "a", "E", "M", "n_iter", "converged"])
 
 
+@public(f="(C, n)")
 @njit(cache=True)
 def softmax(f):
     """pi^c_i = exp(f^c_i) / sum_c' exp(f^c'_i) (3.34), for f of shape (C, n), without overflow."""
@@ -1158,6 +1721,8 @@ def _multiclass_objective(a, f, y):
     return -0.5 * (a * f).sum() + (y * f).sum() - _log_sum_exp(f)
 
 
+@public(returns=MultiLaplaceMode, K="(C, n, n) psd", y="(C, n) onehot nonempty",
+        a_init="(C, n) ?", tol="nonneg", max_iter="count")
 @njit(cache=True)
 def laplace_mode_multiclass(K, y, a_init=None, tol=1e-10, max_iter=100):
     """Mode-finding for multi-class Laplace GPC (GPML Algorithm 3.3).
@@ -1213,6 +1778,7 @@ def laplace_mode_multiclass(K, y, a_init=None, tol=1e-10, max_iter=100):
     converged = False
     psi_old = -np.inf
     while True:                                               # line 3: repeat
+        check_interrupt()
         pi = softmax(f)                                       # line 4: pi and Pi from f  (3.34)
         E, z, M = _multiclass_E_M(K, pi)                      # lines 5-10
         if n_iter > 0 and psi - psi_old < tol:                # line 15: until convergence
@@ -1250,7 +1816,7 @@ def laplace_mode_multiclass(K, y, a_init=None, tol=1e-10, max_iter=100):
         n_iter += 1
     # line 16 with the objective's log-sum-exp term subtracted, not added as printed (3.35, 3.44)
     log_q = psi - z - half_log_det(M)                         # line 16: log q := objective - sum_c z_c  (3.44), - log|M|
-    return MultiLaplaceMode(f, log_q, a, E, M, n_iter, converged)  # line 17
+    return f, log_q, a, E, M, n_iter, converged         # line 17 (MultiLaplaceMode)
 
 
 @njit(cache=True)
@@ -1285,6 +1851,8 @@ def _column_dots(A, B):
     return out
 
 
+@public(K="(C, n, n) psd", y="(C, n) onehot nonempty", f_hat="(C, n)", K_star="(C, n, m)",
+        k_star_star="(C, m)", S="count", seed="seed", E="(C, n, n) ?", M="(n, n) chol ?")
 @njit(cache=True)
 def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0, E=None, M=None):
     """Predictions for multi-class Laplace GPC (GPML Algorithm 3.4).
@@ -1399,6 +1967,8 @@ def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0,
         for c in range(C):
             w[c] = math.exp(mu_star[c, j] - mx)               # exp(mu_*) / exp(max mu_*)
         for i in range(pairs):                                # line 18: for i := 1..S (in pairs)
+            if i % 4096 == 0:
+                check_interrupt()
             lo = np.inf                                       # line 19: f_* = mu_* +/- d ~ N(mu_*, Sigma)
             hi = -np.inf
             for c in range(C):
@@ -1433,6 +2003,9 @@ def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0,
     return pi_bar_star, mu_star, Sigma_star                   # line 23
 
 
+@public(K="(C, n, n) psd", X="(n, d)", kernel="{se,ard,kg,kg_iso}", log_hyp="(C, p) loghyp",
+        y="(C, n) onehot nonempty", f_hat="(C, n)", a="(C, n)", E="(C, n, n)", M="(n, n) chol",
+        discrete="(d,) flags ?")
 @njit(cache=True)
 def laplace_log_q_grad_multiclass(K, X, kernel, log_hyp, y, f_hat, a, E, M, discrete=None):
     """Gradient of the multi-class log q (3.44) w.r.t. per-class log-hyperparameters.
@@ -1510,6 +2083,7 @@ def laplace_log_q_grad_multiclass(K, X, kernel, log_hyp, y, f_hat, a, E, M, disc
     grad = np.empty((C, p))
     for c0 in range(C):
         for j in range(p):
+            check_interrupt()
             dK = kernel_grad(kernel, X, log_hyp[c0], K[c0], j, discrete)
             aDa, trRdK, u = _gradient_terms(dK, Rcc[c0], a[c0], g[c0])
             explicit = 0.5 * aDa - 0.5 * trRdK                # (K&R 43), class block c0
@@ -1541,6 +2115,7 @@ EPResult = namedtuple(
                  "converged", "delta", "n_skipped"])
 
 
+@public(y_i="pm1", mu_cav="real", sigma2_cav="nonneg")
 @njit(cache=True)
 def probit_moments(y_i, mu_cav, sigma2_cav):
     """Marginal moments of the tilted distribution, probit site (GPML 3.58).
@@ -1689,6 +2264,9 @@ def _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L, noise=1.0, eps=0.0):
     return log_Z + 0.5 * quad                                 # (3.74): 1/2 nu~^T Sigma nu~, with Sigma nu~ = mu
 
 
+@public(returns=EPResult, K="(n, n) psd", y="(n,) pm1 nonempty", nu_tilde_init="(n,) ?",
+        tau_tilde_init="(n,) nonneg ?", tol="nonneg", max_sweeps="count", order="{natural,random}",
+        seed="seed", likelihood="{probit,step}", eps="eps")
 @njit(cache=True)
 def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
        order="natural", seed=0, likelihood="probit", eps=0.0):
@@ -1825,6 +2403,7 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
             if m == block:
                 _apply_pending(Sigma, U, c, m)
                 m = 0
+                check_interrupt()
         Sigma, mu, L = _ep_posterior(K, tau_tilde, nu_tilde)  # lines 13-15: recompute Sigma, mu
         n_sweeps += 1
         log_Z = _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L, noise, eps)  # line 17, each sweep for line 16
@@ -1839,10 +2418,11 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
     for i in range(n):
         n_bad += not (Sigma[i, i] > 0.0 and 1.0 / Sigma[i, i] - tau_tilde[i] > 0.0)
     n_skipped = max(n_skipped, n_bad)
-    return EPResult(nu_tilde, tau_tilde, log_Z, Sigma, mu, L, n_sweeps, converged, delta,
-                    n_skipped)  # line 18
+    return nu_tilde, tau_tilde, log_Z, Sigma, mu, L, n_sweeps, converged, delta, n_skipped  # line 18 (EPResult)
 
 
+@public(nu_tilde="(n,) nonempty", tau_tilde="(n,) nonneg", K="(n, n) psd", K_star="(n, m)",
+        k_star_star="(m,)", L="(n, n) chol ?", likelihood="{probit,step}", eps="eps")
 @njit(cache=True)
 def ep_predict(nu_tilde, tau_tilde, K, K_star, k_star_star, L=None, likelihood="probit", eps=0.0):
     """Predictions for expectation propagation (GPML Algorithm 3.6).
@@ -1902,6 +2482,8 @@ def ep_predict(nu_tilde, tau_tilde, K, K_star, k_star_star, L=None, likelihood="
     return pi_bar_star, f_bar_star, V_f_star                  # line 8
 
 
+@public(K="(n, n) psd", X="(n, d)", kernel="{se,ard,kg,kg_iso}", log_hyp="(p,) loghyp", nu_tilde="(n,)",
+        tau_tilde="(n,) nonneg", L="(n, n) chol", discrete="(d,) flags ?")
 @njit(cache=True)
 def ep_log_Z_grad(K, X, kernel, log_hyp, nu_tilde, tau_tilde, L, discrete=None):
     """Gradient of log Z_EP w.r.t. log_hyp at an EP fixed point (K&R eq. 51).
@@ -1923,6 +2505,7 @@ def ep_log_Z_grad(K, X, kernel, log_hyp, nu_tilde, tau_tilde, L, discrete=None):
     p = log_hyp.shape[0]
     grad = np.empty(p)
     for j in range(p):
+        check_interrupt()
         dK = kernel_grad(kernel, X, log_hyp, K, j, discrete)
         bDb, trRdK, _ = _gradient_terms(dK, R, b, b)
         grad[j] = 0.5 * bDb - 0.5 * trRdK                     # (K&R 51)
@@ -2010,6 +2593,8 @@ def _potential(L, y, likelihood, tau, g, f, grad):
     return U, log_lik
 
 
+@public(L="(n, n) chol", y="(n,) pm1 nonempty", likelihood="{logistic,probit}", tau="unit", g="(n,)",
+        step="positive", n_leapfrog="count")
 @njit(cache=True)
 def hmc_transition(L, y, likelihood, tau, g, step, n_leapfrog):
     """One Hybrid Monte Carlo transition (Duane et al. 1987; K&R 6.1) on whitened latents.
@@ -2103,6 +2688,8 @@ def _autocorrelation_time(x):
     return max(tau, 1.0)
 
 
+@public(K="(n, n) psd", y="(n,) pm1 nonempty", likelihood="{logistic,probit}", n_samples="count", step="positive ?",
+        n_leapfrog="count ?", seed="seed", burn_in="count0", thin="count", tau="unit")
 @njit(cache=True)
 def hmc_latent(K, y, likelihood, n_samples, step=None, n_leapfrog=None, seed=0, burn_in=0,
                thin=1, tau=1.0):
@@ -2154,6 +2741,7 @@ def hmc_latent(K, y, likelihood, n_samples, step=None, n_leapfrog=None, seed=0, 
     total = burn_in + n_samples * thin
     k = 0
     for t in range(total):
+        check_interrupt()
         g, acc, _ = hmc_transition(L, y, likelihood, tau, g, st, nl)
         accepted += acc
         if t >= burn_in and (t - burn_in) % thin == thin - 1:
@@ -2166,7 +2754,38 @@ def hmc_latent(K, y, likelihood, n_samples, step=None, n_leapfrog=None, seed=0, 
     return F, accepted / total, n_samples / tau_max
 
 
+_AIS_BLOCK = 32                                               # temperatures between interrupt checks
+
+
 @njit(cache=True, parallel=True)
+def _ais_temperatures(L, y, likelihood, tau, t0, t1, g, ll, log_w, n_acc, steps, n_lf, seed):
+    """Temperatures t0..t1-1 of K&R Algorithm 3 for every run, in parallel over the runs.
+
+    Updates each run's state g[r], log p(y|f) ll[r], log weight log_w[r] and count of
+    accepted transitions n_acc[r] in place; steps[t], n_lf[t] are the HMC step and
+    number of leapfrog steps at temperature t.
+    The random numbers of run r in this block are seeded by (seed, r, t0), so the
+    result does not depend on the number of threads.
+    """
+    for r in prange(g.shape[0]):
+        np.random.seed((seed + 7919 * r + 104729 * t0) % 2147483648)
+        gr = g[r].copy()
+        llr = ll[r]
+        lw = log_w[r]
+        acc_r = 0.0
+        for t in range(t0, t1):
+            lw += (tau[t] - tau[t - 1]) * llr                 # ln(Z_t/Z_t-1) (31), at f_t-1 (see ais)
+            gr, acc, llr = hmc_transition(L, y, likelihood, tau[t], gr, steps[t], n_lf[t])  # f_t by HMC at tau(t)
+            acc_r += acc
+        n_acc[r] += acc_r
+        g[r] = gr
+        ll[r] = llr
+        log_w[r] = lw                                         # ln Z_r (32) once t1 = T + 1
+
+
+@public(prepare=_start_threads, K="(n, n) psd", y="(n,) pm1 nonempty", likelihood="{logistic,probit}",
+        T="count", R="count", step="positive ?", n_leapfrog="count ?", seed="seed", schedule="(*,) ?")
+@njit(cache=True)
 def ais(K, y, likelihood, T=8000, R=3, step=None, n_leapfrog=None, seed=0, schedule=None):
     """Annealed importance sampling of log p(y|X) (Kuss & Rasmussen Algorithm 3).
 
@@ -2178,8 +2797,9 @@ def ais(K, y, likelihood, T=8000, R=3, step=None, n_leapfrog=None, seed=0, sched
     T : int
         Number of temperatures; the default schedule is tau(t) = (t/T)^4 (K&R 6.2).
     R : int
-        Independent runs, in parallel (numba prange); run r is seeded with
-        seed + r, so the result does not depend on the number of threads.
+        Independent runs, in parallel (numba prange) over blocks of 32
+        temperatures; run r is seeded by (seed, r) and each block by its first
+        temperature, so the result does not depend on the number of threads.
     step, n_leapfrog : float, int, optional
         One HMC transition per temperature (hmc_transition). Default: at each
         temperature tau from the largest eigenvalue of K, as hmc_step_size
@@ -2250,22 +2870,23 @@ def ais(K, y, likelihood, T=8000, R=3, step=None, n_leapfrog=None, seed=0, sched
             n_lf[t] = n_leapfrog
     if not (steps.min() > 0.0 and n_lf.min() >= 1):
         raise ValueError("step must be > 0 and n_leapfrog >= 1")
-    log_w = np.empty(R)
+    g = np.empty((R, n))
+    ll = np.empty(R)
+    log_w = np.zeros(R)
     n_acc = np.zeros(R)
-    for r in prange(R):                                       # for r = 1..R
+    f = np.empty(n)
+    for r in range(R):                                        # for r = 1..R (their temperatures below)
         np.random.seed(seed + r)
-        g = np.empty(n)
         for i in range(n):                                    # f_0 ~ N(0, K): f = L g, g ~ N(0, I)
-            g[i] = np.random.standard_normal()
-        f = np.empty(n)
-        _lower_matvec(L, g, f)
-        ll = log_likelihood(likelihood, y, f)[0].sum()
-        lw = 0.0
-        for t in range(1, T + 1):                             # for t = 1..T
-            lw += (tau[t] - tau[t - 1]) * ll                  # ln(Z_t/Z_t-1) (31), at f_t-1 (see Notes)
-            g, acc, ll = hmc_transition(L, y, likelihood, tau[t], g, steps[t], n_lf[t])  # f_t by HMC at tau(t)
-            n_acc[r] += acc
-        log_w[r] = lw                                         # ln Z_r (32)
+            g[r, i] = np.random.standard_normal()
+        _lower_matvec(L, g[r], f)
+        ll[r] = log_likelihood(likelihood, y, f)[0].sum()
+    # departs from the box's loop order: the temperatures run in blocks, each block for
+    # all runs in parallel (_ais_temperatures), so that Ctrl-C is seen between blocks
+    for t0 in range(1, T + 1, _AIS_BLOCK):                    # for t = 1..T
+        check_interrupt()
+        _ais_temperatures(L, y, likelihood, tau, t0, min(t0 + _AIS_BLOCK, T + 1), g, ll, log_w,
+                          n_acc, steps, n_lf, seed)
     m = log_w.max()
     w = np.exp(log_w - m)
     mean_w = w.mean()
@@ -2278,6 +2899,7 @@ def ais(K, y, likelihood, T=8000, R=3, step=None, n_leapfrog=None, seed=0, sched
     return log_Z, log_w, se, n_acc.sum() / (R * T), w.sum() ** 2 / (w * w).sum()
 
 
+@public(F="(S, n) nonempty", K="(n, n) psd", likelihood="{logistic,probit}", K_star="(n, m)", k_star_star="(m,)")
 @njit(cache=True)
 def mcmc_predict(F, K, likelihood, K_star, k_star_star):
     """Predictive probabilities of class +1 from posterior latent samples (K&R eqs. 3-4).
@@ -2303,6 +2925,7 @@ def mcmc_predict(F, K, likelihood, K_star, k_star_star):
     means = np.empty((S, m))
     pi = np.zeros(m)
     for s in range(S):
+        check_interrupt()
         u = solve_lower(L, F[s])                               # L^-1 f
         means[s] = u @ A                                       # k_*^T K^-1 f
         pi += averaged_probability(likelihood, means[s], var, "average")
@@ -2346,6 +2969,8 @@ def _orthant_start(C, x0):
     return x
 
 
+@public(C="(n, n) psd nonempty", n_samples="count", seed="seed", x0="(n,) nonneg ?",
+        thin="count")
 @njit(cache=True)
 def truncated_gaussian_gibbs(C, n_samples, seed=0, x0=None, thin=1):
     """Samples of N(0, C) truncated to the positive orthant x_i >= 0, by Gibbs sampling.
@@ -2362,6 +2987,7 @@ def truncated_gaussian_gibbs(C, n_samples, seed=0, x0=None, thin=1):
     x = _orthant_start(C, x0)
     out = np.empty((n_samples, n))
     for s in range(n_samples * thin):
+        check_interrupt()
         for i in range(n):
             r = 0.0
             for j in range(n):
@@ -2375,6 +3001,8 @@ def truncated_gaussian_gibbs(C, n_samples, seed=0, x0=None, thin=1):
     return out
 
 
+@public(C="(n, n) psd nonempty", n_samples="count", step="positive", seed="seed",
+        x0="(n,) nonneg ?", thin="count")
 @njit(cache=True)
 def truncated_gaussian_mh(C, n_samples, step, seed=0, x0=None, thin=1):
     """Samples of N(0, C) truncated to x_i >= 0 by random-walk Metropolis-Hastings (K&R section 5).
@@ -2393,6 +3021,7 @@ def truncated_gaussian_mh(C, n_samples, step, seed=0, x0=None, thin=1):
     xp = np.empty(n)
     accepted = 0
     for s in range(n_samples * thin):
+        check_interrupt()
         inside = True
         for i in range(n):
             xp[i] = x[i] + step * np.random.standard_normal()
@@ -2432,6 +3061,7 @@ def truncated_gaussian_mh(C, n_samples, step, seed=0, x0=None, thin=1):
 # (K&G 56), the part of F that depends on the covariance hyperparameters.
 
 
+@public(K="(n, n) psd", y="(n,) pm1 nonempty", eps="eps", mu="(n,)", Sigma="(n, n) psd")
 @njit(cache=True)
 def em_ep_bound(K, y, eps, mu, Sigma):
     """The lower bound F of log p(y|X, Theta) under q(f) = N(mu, Sigma) (K&G eqs. 29, 56).
@@ -2462,6 +3092,7 @@ def em_ep_bound(K, y, eps, mu, Sigma):
     return F_eps + F_cov + entropy, F_cov
 
 
+@public(y="(n,) pm1 nonempty", mu="(n,)", Sigma="(n, n) psd")
 @njit(cache=True)
 def em_ep_eps(y, mu, Sigma):
     """The eps that maximises F for fixed q: the mean q-probability of a wrong sign.
@@ -2519,10 +3150,13 @@ def _eq31(Q, X, kernel, log_hyp, C, discrete):
     p = log_hyp.shape[0]
     grad = np.empty(p)
     for j in range(p):
+        check_interrupt()
         grad[j] = _half_sum_product(Q, kernel_grad(kernel, X, log_hyp, C, j, discrete))
     return grad
 
 
+@public(K="(n, n) psd", X="(n, d)", kernel="{se,ard,kg,kg_iso}", log_hyp="(p,) loghyp", mu="(n,)",
+        Sigma="(n, n) psd", discrete="(d,) flags ?")
 @njit(cache=True)
 def em_ep_grad(K, X, kernel, log_hyp, mu, Sigma, discrete=None):
     """M-step of binary EM-EP: F_cov and its gradient in log_hyp, K&G eq. 31.
@@ -2551,6 +3185,7 @@ def em_ep_grad(K, X, kernel, log_hyp, mu, Sigma, discrete=None):
 # --- multi-class: the difference latents of K&G section 4.2 -------------------
 
 
+@public(y="(J, n) onehot nonempty")
 @njit(cache=True)
 def difference_index(y):
     """The class y_i of each case and, for each latent g_i^{y_i,j} in K&G's order (45),
@@ -2581,6 +3216,7 @@ def _sign43(y_i, y_k, j, l):
     return int(y_i == y_k) - int(y_i == l) - int(y_k == j) + int(j == l)
 
 
+@public(C="(n, n) sym", y="(J, n) onehot nonempty")
 @njit(cache=True)
 def difference_covariance(C, y):
     """Prior covariance of K&G's difference latents g (K&G 41-43), shape (n (J-1), n (J-1)).
@@ -2603,6 +3239,8 @@ def difference_covariance(C, y):
     return Kg
 
 
+@public(returns=EPResult, C="(n, n) psd", y="(J, n) onehot nonempty", nu_tilde_init="(N,) ?",
+        tau_tilde_init="(N,) nonneg ?", tol="nonneg", max_sweeps="count")
 @njit(cache=True)
 def ep_multiclass(C, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100):
     """EP for multi-class GPC on K&G's difference latents (K&G eqs. 43, 47-49).
@@ -2654,6 +3292,8 @@ def _fold_differences(Qg, y):
     return Q
 
 
+@public(C="(n, n) psd", y="(J, n) onehot nonempty", X="(n, d)", kernel="{se,ard,kg,kg_iso}",
+        log_hyp="(p,) loghyp", mu="(N,)", Sigma="(N, N) psd", discrete="(d,) flags ?")
 @njit(cache=True)
 def em_ep_grad_multiclass(C, y, X, kernel, log_hyp, mu, Sigma, discrete=None):
     """M-step of multi-class EM-EP: F_cov of q(g) and its gradient in log_hyp (K&G 31, 43).
@@ -2723,6 +3363,7 @@ def _bivariate_normal_cdf(h, k, rho):
     return std_normal_cdf(h) * std_normal_cdf(k) + 0.5 * top * s / (2.0 * math.pi)
 
 
+@public(mean="(k,) nonempty", cov="(k, k) psd", n_points="count", n_shifts="count", seed="seed")
 @njit(cache=True)
 def orthant_probability(mean, cov, n_points=4000, n_shifts=8, seed=0):
     """P(z > 0 in every coordinate) for z ~ N(mean, cov) of dimension k (K&G eq. 50).
@@ -2760,6 +3401,8 @@ def orthant_probability(mean, cov, n_points=4000, n_shifts=8, seed=0):
         shift = np.random.random(k - 1)
         total = 0.0
         for s in range(n_points):
+            if s % 4096 == 0:
+                check_interrupt()
             f = 1.0
             for i in range(k):
                 t = 0.0
@@ -2781,6 +3424,9 @@ def orthant_probability(mean, cov, n_points=4000, n_shifts=8, seed=0):
     return est.mean(), est.std() / math.sqrt(max(n_shifts - 1, 1))
 
 
+@public(nu_tilde="(N,) nonempty", tau_tilde="(N,) nonneg", C="(n, n) psd",
+        y="(J, n) onehot", K_star="(n, m)", k_star_star="(m,)", L="(N, N) chol ?", n_points="count",
+        seed="seed")
 @njit(cache=True)
 def ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L=None, n_points=1000,
                           seed=0):
@@ -2846,6 +3492,7 @@ def ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L=None
     A = np.empty((N, J))
     D = np.zeros((J - 1, J))
     for t in range(m):
+        check_interrupt()
         for a in range(N):
             for c in range(J):
                 A[a, c] = (int(c == yc[case[a]]) - int(c == cls[a])) * K_star[case[a], t]
@@ -2933,6 +3580,9 @@ def _check_log_hyp(log_hyp, kernel, d, name="log_hyp"):
                          f"{what}, got length {h.shape[0]}")
     if not np.all(np.isfinite(h)):
         raise ValueError(f"{name} must be finite, got {h}")
+    if np.any(np.abs(h) > _LOG_HYP_MAX):
+        raise ValueError(f"{name} holds {h[np.abs(h) > _LOG_HYP_MAX][0]:g}: log-hyperparameters beyond "
+                         f"+-{_LOG_HYP_MAX:g} overflow the covariance")
     return np.ascontiguousarray(h)
 
 
@@ -3083,7 +3733,7 @@ def default_bounds(kernel, d):
 def _mode_or_raise(K, y, likelihood, a_init=None):
     """laplace_mode with numba's linear-algebra error turned into a message about K."""
     try:
-        return laplace_mode(K, y, likelihood, a_init)
+        return laplace_mode.unchecked(K, y, likelihood, a_init)
     except np.linalg.LinAlgError:
         lam = np.linalg.eigvalsh(K)[[0, -1]]
         why = (f"K is not positive semidefinite in floating point (eigenvalues from {lam[0]:.3g} "
@@ -3093,6 +3743,8 @@ def _mode_or_raise(K, y, likelihood, a_init=None):
         raise ValueError("B = I + W^1/2 K W^1/2 has no Cholesky factor: " + why) from None
 
 
+@public(kernel="{se,ard,kg,kg_iso}", likelihood="{logistic,probit}", X="X", y="(n,) pm1 nonempty", log_hyp="(p,) loghyp",
+        a_init="(n,) ?", eval_gradient="bool", discrete="(d,) flags ?")
 def laplace_evidence(X, y, log_hyp, kernel="se", likelihood="logistic", a_init=None,
                      eval_gradient=True, discrete=None):
     """Laplace log q(y|X, theta) (3.32) and its gradient in log_hyp (K&R 42-47).
@@ -3105,11 +3757,13 @@ def laplace_evidence(X, y, log_hyp, kernel="se", likelihood="logistic", a_init=N
     mode = _mode_or_raise(K, y, likelihood, a_init)
     grad = None
     if eval_gradient:
-        grad = laplace_log_q_grad(K, X, kernel, log_hyp, y, likelihood,
-                                  mode.f_hat, mode.a, mode.L, discrete)
+        grad = laplace_log_q_grad.unchecked(K, X, kernel, log_hyp, y, likelihood,
+                                            mode.f_hat, mode.a, mode.L, discrete)
     return mode.log_q, grad, mode
 
 
+@public(kernel="{se,ard,kg,kg_iso}", X="X", Y="(C, n) onehot nonempty", log_hyp="(C, p) loghyp", a_init="(C, n) ?",
+        eval_gradient="bool", discrete="(d,) flags ?")
 def multiclass_evidence(X, Y, log_hyp, kernel="se", a_init=None, eval_gradient=True, discrete=None):
     """Multi-class Laplace log q (3.44) and its gradient, log_hyp of shape (C, p).
 
@@ -3117,14 +3771,14 @@ def multiclass_evidence(X, Y, log_hyp, kernel="se", a_init=None, eval_gradient=T
     """
     K = np.stack([kernel_matrix(kernel, X, X, h, discrete) for h in log_hyp])
     try:
-        mode = laplace_mode_multiclass(K, Y, a_init)
+        mode = laplace_mode_multiclass.unchecked(K, Y, a_init)
     except np.linalg.LinAlgError:
         raise ValueError("K is not positive semidefinite: a Cholesky factor of Algorithm 3.3 "
                          "failed; check the covariance function and its hyperparameters") from None
     grad = None
     if eval_gradient:
-        grad = laplace_log_q_grad_multiclass(K, X, kernel, log_hyp, Y, mode.f_hat, mode.a,
-                                             mode.E, mode.M, discrete)
+        grad = laplace_log_q_grad_multiclass.unchecked(K, X, kernel, log_hyp, Y, mode.f_hat, mode.a,
+                                                       mode.E, mode.M, discrete)
     return mode.log_q, grad, mode
 
 
@@ -3177,6 +3831,8 @@ def evidence(X, y, log_hyp, kernel="se", likelihood="logistic", method="laplace"
     return v, g, res, (res.nu_tilde, res.tau_tilde)
 
 
+@public(kernel="{se,ard,kg,kg_iso}", likelihood="{logistic,probit,step}", method="{laplace,ep,emep}", X="X",
+        y="targets", log_hyp0="loghyp_any", bounds="(p, 2) bounds ?", max_iter="count", eps="eps")
 def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_iter=200,
         method="laplace", hyp_prior=None, discrete=None, eps=0.0):
     """ML-II: maximise the approximate log evidence over log_hyp by L-BFGS-B.
@@ -3201,6 +3857,8 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
     """
     from scipy.optimize import minimize
 
+    if hyp_prior is not None and (len(hyp_prior) != 2 or not hyp_prior[1] > 0):
+        raise ValueError(f"ml2: hyp_prior must be (mean, sd) with sd > 0, got {hyp_prior!r}")
     multi = np.ndim(y) == 2 and method == "laplace"   # per-class hyperparameters (C, p) possible
     shape = np.shape(log_hyp0)
     if bounds is None:
@@ -3392,11 +4050,14 @@ class GPClassifier:
                              f"{self.likelihood_!r} with eps={self.eps}")
         if self.learn_eps and self.method != "emep":
             raise ValueError("learn_eps is for method 'emep'")
+        ctx = _Context("GPClassifier")
+        for name, kind in (("max_iter", "count"), ("tol", "nonneg"), ("random_state", "seed")):
+            _SCALARS[kind](getattr(self, name), name, ctx)
 
     def fit(self, X, y):
         """Fit the hyperparameters (if optimize) and the approximate posterior."""
         self._check_params()
-        X = _as_2d_float(X, "X")
+        X = _as_2d_float(X, "X").copy()                       # the model owns its training data
         idx, self.classes_ = class_labels(y, "y")
         if idx.shape[0] != X.shape[0]:
             raise ValueError(f"X and y must have the same number of samples, "
@@ -3657,6 +4318,8 @@ _NOT_PSD_EP = ("K is not positive semidefinite: B = I + S^1/2 K S^1/2 has no Cho
                "check the covariance function and its hyperparameters")
 
 
+@public(kernel="{se,ard,kg,kg_iso}", likelihood="{probit,step}", X="X", y="(n,) pm1 nonempty", log_hyp="(p,) loghyp",
+        eval_gradient="bool", discrete="(d,) flags ?", eps="eps")
 def ep_evidence(X, y, log_hyp, kernel="se", sites=None, eval_gradient=True, discrete=None,
                 likelihood="probit", eps=0.0, tol=1e-9):
     """EP log Z_EP (3.65) and its gradient in log_hyp (K&R 51).
@@ -3669,16 +4332,18 @@ def ep_evidence(X, y, log_hyp, kernel="se", sites=None, eval_gradient=True, disc
     K = kernel_matrix(kernel, X, X, log_hyp, discrete)
     nu0, tau0 = (None, None) if sites is None else sites
     try:
-        res = ep(K, y, nu0, tau0, tol, 100, "natural", 0, likelihood, eps)
+        res = ep.unchecked(K, y, nu0, tau0, tol, 100, "natural", 0, likelihood, eps)
     except np.linalg.LinAlgError:
         raise ValueError(_NOT_PSD_EP) from None
     _warn_skipped(res, "ep_evidence")
     grad = None
     if eval_gradient:
-        grad = ep_log_Z_grad(K, X, kernel, log_hyp, res.nu_tilde, res.tau_tilde, res.L, discrete)
+        grad = ep_log_Z_grad.unchecked(K, X, kernel, log_hyp, res.nu_tilde, res.tau_tilde, res.L, discrete)
     return res.log_Z, grad, res
 
 
+@public(kernel="{se,ard,kg,kg_iso}", X="X", Y="(J, n) onehot nonempty", log_hyp="(p,) loghyp", eval_gradient="bool",
+        discrete="(d,) flags ?")
 def multiclass_ep_evidence(X, Y, log_hyp, kernel="kg", sites=None, eval_gradient=True,
                            discrete=None):
     """Multi-class EP log Z_EP on K&G's difference latents and its gradient in log_hyp.
@@ -3690,15 +4355,16 @@ def multiclass_ep_evidence(X, Y, log_hyp, kernel="kg", sites=None, eval_gradient
     C = kernel_matrix(kernel, X, X, log_hyp, discrete)
     nu0, tau0 = (None, None) if sites is None else sites
     try:
-        res = ep_multiclass(C, Y, nu0, tau0)
+        res = ep_multiclass.unchecked(C, Y, nu0, tau0)
     except np.linalg.LinAlgError:
         raise ValueError(_NOT_PSD_EP) from None
     grad = None
     if eval_gradient:
-        grad = em_ep_grad_multiclass(C, Y, X, kernel, log_hyp, res.mu, res.Sigma, discrete)[1]
+        grad = em_ep_grad_multiclass.unchecked(C, Y, X, kernel, log_hyp, res.mu, res.Sigma, discrete)[1]
     return res.log_Z, grad, res
 
 
+@public(K="(n, n) sym", y="(n,) pm1 nonempty", likelihood="{logistic,probit}", m="(n,)", A="(n, n) sym")
 def lower_bound(K, y, likelihood, m, A):
     """Jensen lower bound on log p(y|X) for any Gaussian q(f) = N(m, A) (K&R eq. 35).
 
@@ -3880,6 +4546,7 @@ def _progress(iterable, total, progress, desc):
     return tqdm(iterable, total=total, desc=desc)
 
 
+@public(n_samples="count", seed="seed", progress="bool")
 def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", method="laplace",
                   X_test=None, y_test=None, progress=True, n_samples=1000, seed=0, executor=None):
     """Approximate log evidence on a grid of (log l, log sf), for contour figures.
@@ -4081,6 +4748,8 @@ def _warn_acceptance(acc, where, what="HMC"):
                       RuntimeWarning, stacklevel=3)
 
 
+@public(kernel="{se,ard,kg,kg_iso}", likelihood="{logistic,probit}", n_samples="count", step="positive ?", n_leapfrog="count ?",
+        burn_in="count0", thin="count", seed="seed")
 def mcmc_posterior(X, y, log_hyp, X_test=None, kernel="se", likelihood="probit", n_samples=2000,
                    step=None, n_leapfrog=None, burn_in=200, thin=1, seed=0):
     """Posterior latent samples by HMC and MCMC predictions (K&R section 6.1).
@@ -4138,6 +4807,7 @@ def autocorrelation_time(x):
     return float(max(tau, 1.0))
 
 
+@public(K="(n, n) psd nonempty", likelihood="{logistic,probit}")
 def hmc_step_size(K, likelihood):
     """A leapfrog step for HMC on whitened latents: 1.5 / sqrt(1 + w lambda_max(K)).
 
@@ -4157,6 +4827,8 @@ def hmc_step_size(K, likelihood):
     return float(step), int(n_leapfrog)
 
 
+@public(likelihood="{logistic,probit}", log_ell="grid", log_sf="grid", T="count",
+        R="count", n_leapfrog="count", seed="seed", progress="bool")
 def ais_grid(X, y, log_ell, log_sf, likelihood="probit", T=8000, R=3, step="auto", n_leapfrog=10,
              seed=0, progress=True, executor=None):
     """AIS log p(y|X) (K&R Algorithm 3) on a grid of (log l, log sf), SE covariance.
@@ -4180,9 +4852,8 @@ def ais_grid(X, y, log_ell, log_sf, likelihood="probit", T=8000, R=3, step="auto
     y_pm, _ = binary_labels(y, "y")
     if y_pm.shape[0] != X.shape[0]:
         raise ValueError(f"X and y must have the same number of samples, got {X.shape[0]} and {y_pm.shape[0]}")
-    _check_choice(likelihood, "likelihood", _LIKELIHOODS)
-    log_ell = np.atleast_1d(np.asarray(log_ell, dtype=float))
-    log_sf = np.atleast_1d(np.asarray(log_sf, dtype=float))
+    if not (isinstance(step, str) and step == "auto"):
+        step = _SCALARS["positive"](step, "step", _Context("ais_grid"))
     shape = (log_sf.size, log_ell.size)
     out = {"log_Z": np.empty(shape), "se": np.empty(shape), "acceptance": np.empty(shape),
            "ess": np.empty(shape)}
@@ -4214,6 +4885,8 @@ def _ais_grid_point(X, y_pm, likelihood, T, R, step, n_leapfrog, log_ell_j, log_
     return lz, se, acc, ess
 
 
+@public(kernel="{se,ard,kg,kg_iso}", likelihood="{logistic,probit}", n_iter="count", n_leapfrog="count", step="positive",
+        seed="seed", progress="bool")
 def hmc_hyperparameters(X, y, kernel="ard", likelihood="logistic", log_hyp0=None, n_iter=200,
                         n_leapfrog=20, step=0.1, prior=(-3.0, 3.0), seed=0, progress=False):
     """Samples of the log-hyperparameters by HMC (Williams & Barber section 3.2 and appendix D).
@@ -4237,8 +4910,8 @@ def hmc_hyperparameters(X, y, kernel="ard", likelihood="logistic", log_hyp0=None
         log_hyp0 = (np.concatenate([[0.0, prior[0]], np.full(d, -2.0)]) if kernel == "ard"
                     else np.zeros(2))
     theta = _check_log_hyp(log_hyp0, kernel, d, "log_hyp0")
-    if not (prior[1] > 0 and step > 0 and n_leapfrog >= 1 and n_iter >= 1):
-        raise ValueError("prior sd, step, n_leapfrog and n_iter must be positive")
+    if len(prior) != 2 or not (np.isfinite(prior[0]) and prior[1] > 0):
+        raise ValueError(f"hmc_hyperparameters: prior must be (mean, sd) with sd > 0, got {prior!r}")
     m0, s0 = prior
     rng = np.random.default_rng(seed)
     warm = {"a": None}
@@ -4271,6 +4944,7 @@ def hmc_hyperparameters(X, y, kernel="ard", likelihood="logistic", log_hyp0=None
     return {"samples": samples, "log_q": log_qs, "acceptance": accepted / n_iter, "classes": classes}
 
 
+@public(kernel="{se,ard,kg,kg_iso}", likelihood="{logistic,probit}")
 def predict_averaged(X, y, X_test, samples, kernel="ard", likelihood="logistic"):
     """Predictive probabilities of class classes_[1] averaged over hyperparameter samples (W&B eq. 7).
 
@@ -4299,6 +4973,8 @@ EMEPResult = namedtuple(
                    "converged", "classes"])
 
 
+@public(kernel="{se,ard,kg,kg_iso}", X="X", log_hyp0="(p,) loghyp ?", eps0="eps", learn_eps="bool", max_iter="count0",
+        tol="nonneg", bounds="(p, 2) bounds ?", m_step_iter="count")
 def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=200, tol=1e-4,
           bounds=None, m_step_iter=5, discrete=None):
     """EM-EP hyperparameter learning for GPC (Kim & Ghahramani 2006, sections 3.3 and 4.2).
@@ -4366,17 +5042,16 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
     _check_choice(kernel, "kernel", _KERNELS)
     d = X.shape[1]
     h = _check_log_hyp(default_log_hyp(kernel, X) if log_hyp0 is None else log_hyp0, kernel, d, "log_hyp0")
-    if not 0.0 <= eps0 < 0.5:
-        raise ValueError(f"eps0 must lie in [0, 0.5), got {eps0}")
     J = classes.shape[0]
     if J > 2 and (eps0 != 0.0 or learn_eps):
         raise ValueError(f"y has {J} classes: multi-class EM-EP has eps = 0 (K&G 47); "
                          f"got eps0={eps0}, learn_eps={learn_eps}")
-    if not isinstance(max_iter, (int, np.integer)) or max_iter < 0:
-        raise ValueError(f"max_iter must be a non-negative integer, got {max_iter!r}")
     disc = discrete_flags(discrete, d)
     if bounds is None:
         bounds = default_bounds(kernel, d)
+    if len(bounds) != h.shape[0]:
+        raise ValueError(f"em_ep: bounds must have one (low, high) pair per log-hyperparameter "
+                         f"({h.shape[0]} for kernel {kernel!r}), got {len(bounds)}")
     lo, hi = np.array([b[0] for b in bounds]), np.array([b[1] for b in bounds])
     h = np.clip(h, lo, hi)
     if J == 2:
@@ -4396,10 +5071,10 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
         nu0, tau0 = (None, None) if sites is None else sites
         try:                                                                       # E-step
             if J == 2:
-                res = ep(C, y_t, nu0, tau0, 1e-9, 100, "natural", 0, "step", eps)
+                res = ep.unchecked(C, y_t, nu0, tau0, 1e-9, 100, "natural", 0, "step", eps)
                 K, y_g = C, y_t
             else:
-                res = ep_multiclass(C, Y, nu0, tau0)
+                res = ep_multiclass.unchecked(C, Y, nu0, tau0)
                 K, y_g = difference_covariance(C, Y), np.ones(res.mu.shape[0])
         except np.linalg.LinAlgError:
             raise ValueError(_NOT_PSD_EP) from None
@@ -4408,7 +5083,7 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
         mu, Sigma = res.mu, res.Sigma
         log_Zs.append(float(res.log_Z))
         epss.append(eps)
-        F, F_cov = em_ep_bound(K, y_g, eps, mu, Sigma)
+        F, F_cov = em_ep_bound.unchecked(K, y_g, eps, mu, Sigma)
         Fs.append(float(F))
         F_covs.append(float(F_cov))
         if n_iter > 0 and abs(log_Zs[-1] - log_Zs[-2]) < tol and gain < tol:
@@ -4422,9 +5097,9 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
             Cx = kernel_matrix(kernel, X, X, x, disc)
             try:
                 if J == 2:
-                    Fc, g = em_ep_grad(Cx, X, kernel, x, mu, Sigma, disc)          # (K&G 56, 31)
+                    Fc, g = em_ep_grad.unchecked(Cx, X, kernel, x, mu, Sigma, disc)  # (K&G 56, 31)
                 else:
-                    Fc, g = em_ep_grad_multiclass(Cx, Y, X, kernel, x, mu, Sigma, disc)
+                    Fc, g = em_ep_grad_multiclass.unchecked(Cx, Y, X, kernel, x, mu, Sigma, disc)
             except np.linalg.LinAlgError:
                 return np.inf, np.zeros_like(x)
             return -Fc, -g
@@ -4438,7 +5113,7 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
             eps = float(em_ep_eps(y_t, mu, Sigma))                                # M-step, eps
         C = kernel_matrix(kernel, X, X, h, disc)
         K = C if J == 2 else difference_covariance(C, Y)
-        F_M, F_cov = em_ep_bound(K, y_g, eps, mu, Sigma)
+        F_M, F_cov = em_ep_bound.unchecked(K, y_g, eps, mu, Sigma)
         F_M = float(F_M)
         F_covs.append(float(F_cov))
         # the rise of F in this M-step (of F_cov alone while F is -inf, eps = 0)
@@ -4452,34 +5127,66 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
 # --- data read from a path the user gives ---------------------------------------
 
 
+def _digit_list(digits):
+    """digits as a list of ints 0-9: ints or digit strings, e.g. (3, 5) or ('3', '5')."""
+    if isinstance(digits, (str, bytes, int, np.integer)):
+        digits = [digits]
+    out = []
+    for v in digits:
+        if isinstance(v, str) and v.strip().isdigit():
+            v = int(v.strip())
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or not 0 <= v <= 9:
+            raise ValueError(f"load_usps: digits must be digits 0-9 (ints or strings), e.g. (3, 5), "
+                             f"got {digits!r}")
+        out.append(int(v))
+    if not out:
+        raise ValueError("load_usps: digits must name at least one digit, e.g. (3, 5)")
+    return out
+
+
 def load_usps(path, digits=None):
     """GPML's USPS set (usps_resampled.mat: 4649 + 4649 16x16 images, values in [-1, 1]).
 
     The file is not shipped with gpclab; give the path to your copy. Returns
     X_train (n, 256), y_train (n,) digit labels 0-9, X_test, y_test. With
-    digits, e.g. (3, 5), only those classes are kept (GPML section 3.7.3).
+    digits, e.g. (3, 5) or ('3', '5'), only those classes are kept (GPML
+    section 3.7.3). A file that is not this MATLAB file raises ValueError.
     """
     from scipy.io import loadmat
 
+    keep = None if digits is None else _digit_list(digits)
     try:
         data = loadmat(path)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"path must be a readable usps_resampled.mat file: {e}") from None
+    except FileNotFoundError:
+        raise ValueError(f"load_usps: path {path!r} does not exist") from None
+    except Exception as e:                                    # empty, truncated, not a .mat file
+        raise ValueError(f"load_usps: path {path!r} is not a readable MATLAB file like "
+                         f"usps_resampled.mat ({type(e).__name__}: {e})") from None
     keys = ("train_patterns", "train_labels", "test_patterns", "test_labels")
     missing = [k for k in keys if k not in data]
     if missing:
-        raise ValueError(f"path {path!r} has no {', '.join(missing)}: not usps_resampled.mat")
+        raise ValueError(f"load_usps: path {path!r} has no {', '.join(missing)}: not usps_resampled.mat")
     out = []
     for part in ("train", "test"):
-        X = np.asarray(data[f"{part}_patterns"], dtype=float).T
-        Y = np.asarray(data[f"{part}_labels"])
-        if Y.shape[0] != 10 or Y.shape[1] != X.shape[0]:
-            raise ValueError(f"{part}_labels must be 10 x n (+1 for the class, -1 elsewhere)")
+        try:
+            X = np.asarray(data[f"{part}_patterns"], dtype=float).T
+            Y = np.asarray(data[f"{part}_labels"], dtype=float)
+        except (TypeError, ValueError):
+            raise ValueError(f"load_usps: {part}_patterns and {part}_labels of {path!r} must be "
+                             "numeric matrices") from None
+        if X.ndim != 2 or X.shape[1] != 256 or X.shape[0] == 0:
+            raise ValueError(f"load_usps: {part}_patterns must be 256 x n (16x16 images), got shape "
+                             f"{X.T.shape}")
+        if not np.all(np.isfinite(X)):
+            raise ValueError(f"load_usps: {part}_patterns holds non-finite values")
+        if Y.ndim != 2 or Y.shape[0] != 10 or Y.shape[1] != X.shape[0] or np.any((Y != 1).sum(axis=0) != 9):
+            raise ValueError(f"load_usps: {part}_labels must be 10 x n with one +1 per column "
+                             f"(-1 elsewhere), n = {X.shape[0]}; got shape {Y.shape}")
         y = np.argmax(Y, axis=0)
-        if digits is not None:
-            keep = np.isin(y, digits)
-            X, y = X[keep], y[keep]
-        out += [X, y]
+        if keep is not None:
+            sel = np.isin(y, keep)
+            X, y = X[sel], y[sel]
+        out += [np.ascontiguousarray(X), y]
     return tuple(out)
 
 
@@ -4487,30 +5194,47 @@ def load_ionosphere(path):
     """UCI Ionosphere (351 radar returns, 34 inputs, label 'g'ood or 'b'ad), as K&G Table 4 use it.
 
     The file is not shipped with gpclab; give the path to your copy of
-    ionosphere.data (comma-separated, 34 numbers and a label per line; a
-    header line is skipped). Returns X (351, 34) and y, the labels as strings.
+    ionosphere.data (comma-separated, 34 numbers and a label per line; blank
+    lines, spaces around fields, Windows line ends and a header line are
+    accepted). Returns X (n, 34) and y, the labels as strings. A file in any
+    other format raises ValueError naming the line.
     """
     try:
-        with open(path) as fh:
-            lines = [ln.strip() for ln in fh if ln.strip()]
+        with open(path, "rb") as fh:
+            raw = fh.read()
     except OSError as e:
-        raise ValueError(f"path must be a readable ionosphere.data file: {e}") from None
+        raise ValueError(f"load_ionosphere: path must be a readable ionosphere.data file: {e}") from None
+    if raw.startswith(b"MATLAB") or b"\x00" in raw[:4096]:
+        raise ValueError(f"load_ionosphere: path {path!r} is a binary file, not the text file "
+                         "ionosphere.data")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ValueError(f"load_ionosphere: path {path!r} is not a text file (not UTF-8)") from None
     rows, labels = [], []
-    for k, line in enumerate(lines):
-        parts = line.split(",")
+    first = True
+    for k, line in enumerate(text.splitlines()):
+        if not line.strip():
+            continue
+        parts = [v.strip() for v in line.strip().rstrip(",").split(",")]
         try:
             values = [float(v) for v in parts[:-1]]
         except ValueError:
-            if k == 0:
+            if first:
+                first = False
                 continue                                   # a header line
-            raise ValueError(f"path {path!r}, line {k + 1}: not 34 numbers and a label") from None
+            raise ValueError(f"load_ionosphere: {path!r}, line {k + 1}: expected 34 numbers and a "
+                             f"label g or b, got {line.strip()[:60]!r}") from None
+        first = False
         if len(values) != 34 or parts[-1] not in ("g", "b"):
-            raise ValueError(f"path {path!r}, line {k + 1}: expected 34 numbers and a label g or b, "
-                             f"got {len(values)} numbers and {parts[-1]!r}")
+            raise ValueError(f"load_ionosphere: {path!r}, line {k + 1}: expected 34 numbers and a "
+                             f"label g or b, got {len(values)} numbers and {parts[-1]!r}")
+        if not all(math.isfinite(v) for v in values):
+            raise ValueError(f"load_ionosphere: {path!r}, line {k + 1}: values must be finite")
         rows.append(values)
         labels.append(parts[-1])
     if not rows:
-        raise ValueError(f"path {path!r} holds no data lines")
+        raise ValueError(f"load_ionosphere: path {path!r} holds no data lines")
     return np.array(rows), np.array(labels)
 
 

@@ -281,7 +281,7 @@ def test_step_likelihood_with_unit_noise_is_the_probit_model():
     p_eps, _, _ = gpclab.ep_predict(step.nu_tilde, step.tau_tilde, K + np.eye(15), Ks, kss + 1,
                                     None, "step", 0.2)
     np.testing.assert_allclose(p_eps, 0.2 + 0.6 * p_probit, rtol=1e-7)
-    with pytest.raises(ValueError, match="eps must lie"):
+    with pytest.raises(ValueError, match="eps must be in \\[0, 0.5\\)"):
         gpclab.ep(K, y, None, None, 1e-9, 10, "natural", 0, "step", 0.7)
     with pytest.raises(ValueError, match="eps is for likelihood 'step'"):
         gpclab.ep(K, y, None, None, 1e-9, 10, "natural", 0, "probit", 0.1)

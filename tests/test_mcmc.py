@@ -149,9 +149,9 @@ def test_truncnorm_tail_draws():
 def test_mcmc_bad_input():
     with pytest.raises(ValueError, match="n_samples"):
         gpclab.hmc_latent(np.eye(2), np.ones(2), "probit", 0)
-    with pytest.raises(ValueError, match="x0 must lie"):
+    with pytest.raises(ValueError, match="x0 must contain only values >= 0"):
         gpclab.truncated_gaussian_gibbs(np.eye(2), 10, 0, np.array([1.0, -1.0]))
-    with pytest.raises(ValueError, match="T and R"):
+    with pytest.raises(ValueError, match="T must be a positive integer"):
         gpclab.ais(np.eye(2), np.ones(2), "probit", 0)
 
 

@@ -1,0 +1,502 @@
+"""The public face: bad input is refused with a message naming the argument, what a numpy user
+passes (lists, ints, float32, Fortran order, slices) gives the float64 answer, nothing is modified.
+
+The bad inputs are generated from each function's declared spec (section 0 of gpclab.py) and a
+valid call of the function; a hand-written table adds the cases of real misuse.
+"""
+import math
+import re
+
+import numpy as np
+import pytest
+
+import gpclab
+
+KERNELS = ("se", "ard", "kg", "kg_iso")
+
+
+def _problem():
+    r = np.random.default_rng(3)
+    n, d, m = 6, 2, 3
+    X = r.standard_normal((n, d))
+    y = np.array([1.0, -1.0, 1.0, 1.0, -1.0, -1.0])
+    h = np.array([0.2, 0.1])
+    K = gpclab.kernel_matrix("se", X, X, h) + 1e-6 * np.eye(n)
+    Xs = r.standard_normal((m, d))
+    Ks = gpclab.kernel_matrix("se", X, Xs, h)
+    kss = gpclab.kernel_diag("se", Xs, h)
+    mode = gpclab.laplace_mode(K, y, "logistic")
+    res = gpclab.ep(K, y)
+    idx = np.array([0, 1, 2, 0, 1, 2])
+    Y = gpclab.one_hot(idx, 3)
+    K3 = np.stack([K, 1.5 * K, K])
+    mm = gpclab.laplace_mode_multiclass(K3, Y)
+    em = gpclab.ep_multiclass(K, Y)
+    L = np.linalg.cholesky(K)
+    h3 = np.stack([h, h, h])
+    return dict(X=X, y=y, h=h, K=K, Xs=Xs, Ks=Ks, kss=kss, mode=mode, res=res, Y=Y, K3=K3, mm=mm,
+                em=em, L=L, h3=h3, idx=idx, n=n, m=m)
+
+
+P = _problem()
+
+
+def _valid():
+    """One valid call (keyword arguments) of every public function with a spec."""
+    X, y, h, K, Ks, kss, L = P["X"], P["y"], P["h"], P["K"], P["Ks"], P["kss"], P["L"]
+    mode, res, Y, K3, mm, em = P["mode"], P["res"], P["Y"], P["K3"], P["mm"], P["em"]
+    Ks3 = np.stack([Ks] * 3)
+    kss3 = np.stack([kss] * 3)
+    N = em.mu.shape[0]
+    return {
+        "log_phi": dict(z=-3.0),
+        "n_over_phi": dict(z=-3.0),
+        "n_over_phi_and_sum": dict(z=-3.0),
+        "std_normal_cdf": dict(z=0.5),
+        "sigmoid": dict(z=0.5),
+        "half_log_det": dict(L=L),
+        "solve_lower": dict(L=L, b=y),
+        "solve_lower_transpose": dict(L=L, b=y),
+        "solve_lower_matrix": dict(L=L, B=Ks),
+        "syrk_lower": dict(C=K.copy(), A=Ks.T.copy(), alpha=-1.0),
+        "minus_gram": dict(K=K, V=Ks.T.copy()),
+        "cholesky_inverse": dict(L=L),
+        "logistic_gaussian_integral": dict(mu=0.3, var=2.0),
+        "n_hyp": dict(kernel="ard", d=3),
+        "kernel_matrix": dict(kernel="se", X1=X, X2=P["Xs"], log_hyp=h, discrete=np.array([0.0, 1.0])),
+        "kernel_diag": dict(kernel="se", X=P["Xs"], log_hyp=h),
+        "kernel_grad": dict(kernel="se", X=X, log_hyp=h, K=K, j=0, discrete=None),
+        "logistic": dict(y=y, f=mode.f_hat),
+        "probit": dict(y=y, f=mode.f_hat),
+        "log_likelihood": dict(likelihood="probit", y=y, f=mode.f_hat),
+        "averaged_probability": dict(likelihood="logistic", f_bar_star=kss - 1, V_f_star=kss, rule="average"),
+        "laplace_mode": dict(K=K, y=y, likelihood="logistic", a_init=mode.a, tol=1e-10, max_iter=50),
+        "laplace_predict": dict(f_hat=mode.f_hat, K=K, y=y, likelihood="logistic", K_star=Ks,
+                                k_star_star=kss, rule="average", L=mode.L),
+        "laplace_log_q_grad": dict(K=K, X=X, kernel="se", log_hyp=h, y=y, likelihood="logistic",
+                                   f_hat=mode.f_hat, a=mode.a, L=mode.L, discrete=None),
+        "softmax": dict(f=mm.f_hat),
+        "laplace_mode_multiclass": dict(K=K3, y=Y, a_init=mm.a, tol=1e-10, max_iter=50),
+        "laplace_predict_multiclass": dict(K=K3, y=Y, f_hat=mm.f_hat, K_star=Ks3, k_star_star=kss3,
+                                           S=50, seed=1, E=mm.E, M=mm.M),
+        "laplace_log_q_grad_multiclass": dict(K=K3, X=X, kernel="se", log_hyp=P["h3"], y=Y,
+                                              f_hat=mm.f_hat, a=mm.a, E=mm.E, M=mm.M, discrete=None),
+        "probit_moments": dict(y_i=1.0, mu_cav=0.3, sigma2_cav=2.0),
+        "ep": dict(K=K, y=y, nu_tilde_init=res.nu_tilde, tau_tilde_init=res.tau_tilde, tol=1e-9,
+                   max_sweeps=20, order="random", seed=2, likelihood="probit", eps=0.0),
+        "ep_predict": dict(nu_tilde=res.nu_tilde, tau_tilde=res.tau_tilde, K=K, K_star=Ks,
+                           k_star_star=kss, L=res.L, likelihood="probit", eps=0.0),
+        "ep_log_Z_grad": dict(K=K, X=X, kernel="se", log_hyp=h, nu_tilde=res.nu_tilde,
+                              tau_tilde=res.tau_tilde, L=res.L, discrete=None),
+        "hmc_transition": dict(L=L, y=y, likelihood="probit", tau=0.5, g=np.zeros(6), step=0.2,
+                               n_leapfrog=3),
+        "hmc_latent": dict(K=K, y=y, likelihood="probit", n_samples=5, step=0.2, n_leapfrog=3, seed=1,
+                           burn_in=2, thin=1, tau=1.0),
+        "ais": dict(K=K, y=y, likelihood="probit", T=40, R=2, step=0.2, n_leapfrog=3, seed=1,
+                    schedule=np.linspace(0, 1, 41)),
+        "mcmc_predict": dict(F=np.tile(mode.f_hat, (3, 1)), K=K, likelihood="probit", K_star=Ks,
+                             k_star_star=kss),
+        "truncated_gaussian_gibbs": dict(C=K, n_samples=5, seed=1, x0=np.ones(6), thin=2),
+        "truncated_gaussian_mh": dict(C=K, n_samples=5, step=0.1, seed=1, x0=np.ones(6), thin=2),
+        "em_ep_bound": dict(K=K, y=y, eps=0.1, mu=res.mu, Sigma=res.Sigma),
+        "em_ep_eps": dict(y=y, mu=res.mu, Sigma=res.Sigma),
+        "em_ep_grad": dict(K=K, X=X, kernel="se", log_hyp=h, mu=res.mu, Sigma=res.Sigma, discrete=None),
+        "difference_index": dict(y=Y),
+        "difference_covariance": dict(C=K, y=Y),
+        "ep_multiclass": dict(C=K, y=Y, nu_tilde_init=em.nu_tilde, tau_tilde_init=em.tau_tilde,
+                              tol=1e-9, max_sweeps=20),
+        "em_ep_grad_multiclass": dict(C=K, y=Y, X=X, kernel="se", log_hyp=h, mu=em.mu, Sigma=em.Sigma,
+                                      discrete=None),
+        "orthant_probability": dict(mean=np.array([0.1, 0.2, -0.1]), cov=K[:3, :3], n_points=100,
+                                    n_shifts=2, seed=1),
+        "ep_predict_multiclass": dict(nu_tilde=em.nu_tilde, tau_tilde=em.tau_tilde, C=K, y=Y,
+                                      K_star=Ks, k_star_star=kss, L=em.L, n_points=100, seed=1),
+        # the Python layer
+        "ml2": dict(X=X, y=y, log_hyp0=h, kernel="se", likelihood="logistic", bounds=[(-3, 3), (-3, 3)],
+                    max_iter=3, method="laplace", hyp_prior=None, discrete=None, eps=0.0),
+        "em_ep": dict(X=X, y=y, log_hyp0=None, kernel="kg_iso", eps0=0.0, learn_eps=False, max_iter=2,
+                      tol=1e-4, bounds=None, m_step_iter=2, discrete=None),
+        "evidence_grid": dict(X=X, y=y, log_ell=[0.0], log_sf=[0.0], n_samples=10, seed=0, progress=False),
+        "mcmc_posterior": dict(X=X, y=y, log_hyp=h, kernel="se", likelihood="probit", n_samples=5,
+                               step=0.1, n_leapfrog=2, burn_in=1, thin=1, seed=0),
+        "hmc_step_size": dict(K=K, likelihood="probit"),
+        "ais_grid": dict(X=X, y=y, log_ell=[0.0], log_sf=[0.0], likelihood="probit", T=20, R=2,
+                         step=0.2, n_leapfrog=2, seed=0, progress=False),
+        "hmc_hyperparameters": dict(X=X, y=y, kernel="se", likelihood="logistic", n_iter=2,
+                                    n_leapfrog=2, step=0.05, seed=0, progress=False),
+        "predict_averaged": dict(X=X, y=y, X_test=P["Xs"], samples=h[None], kernel="se",
+                                 likelihood="logistic"),
+        "lower_bound": dict(K=K, y=y, likelihood="probit", m=res.mu, A=res.Sigma),
+        "laplace_evidence": dict(X=X, y=y, log_hyp=h, kernel="se", likelihood="logistic", a_init=None,
+                                 eval_gradient=True, discrete=None),
+        "multiclass_evidence": dict(X=X, Y=Y, log_hyp=P["h3"], kernel="se", a_init=None,
+                                    eval_gradient=True, discrete=None),
+        "ep_evidence": dict(X=X, y=y, log_hyp=h, kernel="se", sites=None, eval_gradient=True,
+                            discrete=None, likelihood="probit", eps=0.0),
+        "multiclass_ep_evidence": dict(X=X, Y=Y, log_hyp=np.log([1.0, 1e-4, 1e-3, 0.5]), kernel="kg_iso",
+                                       sites=None, eval_gradient=True, discrete=None),
+    }
+
+
+VALID = _valid()
+PUBLIC = sorted(name for name in dir(gpclab)
+                if isinstance(getattr(gpclab, name), gpclab.PublicFunction))
+
+
+def test_every_public_numba_function_has_the_checked_face():
+    """No public njit function is left raw, and each checks every one of its arguments."""
+    from numba.core.registry import CPUDispatcher
+    raw = [n for n in dir(gpclab) if not n.startswith("_") and isinstance(getattr(gpclab, n), CPUDispatcher)]
+    assert raw == ["check_interrupt"]
+    for name in PUBLIC:
+        f = getattr(gpclab, name)
+        if not isinstance(f.dispatcher, CPUDispatcher):
+            continue
+        missing = set(f.signature.parameters) - set(f.spec_text)
+        assert not missing, (name, missing)
+
+
+def test_every_checked_function_has_a_valid_call():
+    assert sorted(VALID) == PUBLIC
+
+
+# ----------------------------------------------------------------------------------------------
+# bad inputs generated from the specs
+
+def _bad_values(name, spec, value, earlier):
+    """(bad value, expected exception, what) for one argument with this spec."""
+    words = spec.replace(", ", ",").split()
+    optional = "?" in words
+    words = [w for w in words if w != "?"]
+    out = []
+    if words[0].startswith("("):
+        if value is None:                  # an optional argument left out of the valid call
+            return [("abc", TypeError, "a string")]
+        dims = [s for s in words[0].strip("()").split(",") if s]
+        a = np.array(value, dtype=float)
+        if "inplace" in words:
+            return [(a.tolist(), TypeError, "a list for an in-place argument")]
+        if not optional:
+            out.append((None, TypeError, "None"))
+        out.append(("abc", TypeError, "a string"))
+        out.append(((a, 1.0), (TypeError, ValueError), "a tuple of an array and a number"))
+        for bad in (np.nan, np.inf):
+            b = a.copy()
+            b.flat[0] = bad
+            out.append((b, ValueError, f"{bad} in it"))
+        out.append((a[..., None], ValueError, "one dimension too many"))
+        out.append((a.reshape(-1)[0] if a.ndim == 1 else a[0], ValueError, "one dimension too few"))
+        for axis, sym in enumerate(dims):
+            if sym in earlier or sym in dims[:axis]:
+                out.append((np.delete(a, -1, axis=axis), ValueError, f"wrong length along {sym}"))
+                break
+        if "psd" in words or "sym" in words:
+            b = a.copy()
+            b[..., 0, -1] += 0.5
+            out.append((b, ValueError, "not symmetric"))
+        if "psd" in words:
+            n = a.shape[-1]
+            out.append((a - (2 * np.abs(a).max() + 1) * np.eye(n), ValueError, "not positive semidefinite"))
+        if "pm1" in words:
+            b = a.copy()
+            b.flat[0] = 0.0
+            out.append((b, ValueError, "a 0 label"))
+        if "onehot" in words:
+            b = a.copy()
+            b[:, 0] = 1.0
+            out.append((b, ValueError, "a column with several ones"))
+        if "nonneg" in words:
+            b = a.copy()
+            b.flat[0] = -1.0
+            out.append((b, ValueError, "a negative entry"))
+        if "chol" in words:
+            b = a.copy()
+            b[..., 0, 0] = 0.0
+            out.append((b, ValueError, "a zero pivot"))
+        if "flags" in words:
+            out.append((np.full(a.shape, 2.0), ValueError, "flags of 2"))
+        if "loghyp" in words:
+            out.append((np.concatenate([a, np.zeros(a.shape[:-1] + (1,))], axis=-1), ValueError,
+                        "one hyperparameter too many"))
+            out.append((np.full(a.shape, 400.0), ValueError, "log-hyperparameters of 400"))
+        return out
+    (w,) = words
+    if w.startswith("{"):
+        return [(value + "x", ValueError, "a misspelled name"), (3, TypeError, "a number for a name")]
+    bad = {
+        "count": [(0, ValueError), (-1, ValueError), (2.5, TypeError), ("3", TypeError), ((1, 2), TypeError)],
+        "count0": [(-1, ValueError), (1.5, TypeError), (None, TypeError)],
+        "seed": [(-1, ValueError), (0.5, TypeError)],
+        "real": [("x", TypeError), (np.nan, ValueError), (np.inf, ValueError), ((0.1, 2), TypeError)],
+        "number": [("x", TypeError), (np.nan, ValueError), (np.ones(2), TypeError)],
+        "positive": [(0.0, ValueError), (-1.0, ValueError), ((0.1, 3), TypeError)],
+        "nonneg": [(-1.0, ValueError), (np.nan, ValueError)],
+        "unit": [(1.5, ValueError), (-0.1, ValueError)],
+        "eps": [(0.5, ValueError), (0.7, ValueError), (-0.1, ValueError)],
+        "pm1": [(0.0, ValueError), ("1", TypeError)],
+        "bool": [("yes", TypeError)],
+        "X": [(np.ones(6), ValueError), (np.full((6, 2), np.nan), ValueError)],
+        "targets": [(np.zeros(6), ValueError)],
+        "loghyp_any": [(np.array([np.nan, 0.0]), ValueError)],
+        "grid": [([], ValueError), ([0.0, np.inf], ValueError), ("a", TypeError)],
+    }[w]
+    return [(v, e, f"{v!r}") for v, e in bad]
+
+
+def _cases():
+    cases = []
+    for fname in PUBLIC:
+        f = getattr(gpclab, fname)
+        valid = VALID[fname]
+        earlier = set()
+        for arg, spec in f.spec_text.items():
+            for bad, exc, what in _bad_values(arg, spec, valid[arg], earlier):
+                cases.append(pytest.param(fname, arg, bad, exc, id=f"{fname}-{arg}-{what}"))
+            head = spec.split(")")[0]
+            if head.startswith("("):
+                earlier |= {s.strip() for s in head.strip("(").split(",")}
+    return cases
+
+
+CASES = _cases()
+
+
+@pytest.mark.parametrize("fname, arg, bad, exc", CASES)
+def test_bad_input_is_refused_naming_the_argument(fname, arg, bad, exc):
+    kwargs = dict(VALID[fname])
+    kwargs[arg] = bad
+    with pytest.raises(exc) as info:
+        getattr(gpclab, fname)(**kwargs)
+    msg = str(info.value)
+    assert re.search(rf"\b{re.escape(arg)}\b", msg), msg
+    assert fname in msg, msg
+
+
+def test_the_table_is_large():
+    assert len(CASES) > 500
+
+
+# ----------------------------------------------------------------------------------------------
+# the cases of real misuse, by hand
+
+def _hand_cases():
+    X, y, K, h = P["X"], P["y"], P["K"], P["h"]
+    step = gpclab.hmc_step_size(K, "probit")
+    return [
+        (lambda: gpclab.laplace_mode(K - 1.5 * np.eye(6), y, "logistic"), ValueError, "K", "positive semidefinite"),
+        (lambda: gpclab.ep(K - 1.5 * np.eye(6), y), ValueError, "K", "positive semidefinite"),
+        (lambda: gpclab.laplace_mode(np.triu(K), y, "logistic"), ValueError, "K", "symmetric"),
+        (lambda: gpclab.ais(K, y, "probit", 10, 2, step), TypeError, "step", "unpack"),
+        (lambda: gpclab.ais(K, y, "Probit", R=1), ValueError, "likelihood", "did you mean 'probit'"),
+        (lambda: gpclab.ais(K, y, "probit", R=0), ValueError, "R", ">= 1"),
+        (lambda: gpclab.ep(K, y, likelihood="step", eps=0.7), ValueError, "eps", "0.5"),
+        (lambda: gpclab.ep_predict(P["res"].nu_tilde, P["res"].tau_tilde, K, P["Ks"], P["kss"],
+                                   L=np.eye(3)), ValueError, "L", "shape"),
+        (lambda: gpclab.kernel_matrix("se", X, X, [-400.0, 0.0]), ValueError, "log_hyp", "overflow"),
+        (lambda: gpclab.ml2(X, y, [np.nan, 0.0]), ValueError, "log_hyp0", "finite"),
+        (lambda: gpclab.ml2(np.where(X > 1, np.nan, X), y, h), ValueError, "X", "finite"),
+        (lambda: gpclab.ml2(X, y, h, bounds=[(-1, 1)]), ValueError, "bounds", "shape"),
+        (lambda: gpclab.ml2(X, y, h, bounds=[(1, -1), (0, 1)]), ValueError, "bounds", "low <= high"),
+        (lambda: gpclab.GPClassifier(log_hyp=[-400.0, 0.0], optimize=False).fit(X, y), ValueError,
+         "log_hyp", "overflow"),
+        (lambda: gpclab.GPClassifier(max_iter=0).fit(X, y), ValueError, "max_iter", ">= 1"),
+        (lambda: gpclab.GPClassifier(bounds=[(-1, 1)]).fit(X, y), ValueError, "bounds", "shape"),
+        (lambda: gpclab.em_ep(X, y, bounds=[(-1, 1)]), ValueError, "bounds", "log-hyperparameter"),
+        (lambda: gpclab.ais_grid(X, y, [0.0], [0.0], step=(0.1, 3)), TypeError, "step", "unpack"),
+        (lambda: gpclab.ais_grid(X, y, [np.nan], [0.0]), ValueError, "log_ell", "finite"),
+        (lambda: gpclab.laplace_mode(K.tolist(), [1, -1, 1, 1, -1, 0], "logistic"), ValueError, "y", "-1 and +1"),
+        (lambda: gpclab.laplace_mode(K, y[:, None], "logistic"), ValueError, "y", "1-D"),
+    ]
+
+
+@pytest.mark.parametrize("k", range(len(_hand_cases())))
+def test_real_misuse_is_refused(k):
+    call, exc, arg, words = _hand_cases()[k]
+    with pytest.raises(exc) as info:
+        call()
+    msg = str(info.value)
+    assert re.search(rf"\b{re.escape(arg)}\b", msg) and words in msg, msg
+
+
+# ----------------------------------------------------------------------------------------------
+# what numpy users pass: the same answer as float64 C arrays, and nothing modified
+
+def _flatten(out):
+    if isinstance(out, tuple):
+        return [x for o in out for x in _flatten(o)]
+    return [np.asarray(out)]
+
+
+def _same(a, b):
+    fa, fb = _flatten(a), _flatten(b)
+    assert len(fa) == len(fb)
+    for u, v in zip(fa, fb):
+        np.testing.assert_array_equal(u, v)
+
+
+# syrk_lower updates in place; hmc_transition draws from numba's global random state (no seed)
+NUMBA_PUBLIC = [n for n in PUBLIC if hasattr(getattr(gpclab, n).dispatcher, "py_func")
+                and n not in ("syrk_lower", "hmc_transition")]
+
+
+def _variants(a):
+    """The same numbers as a list, in Fortran order, as a strided slice, and (if exact) as ints."""
+    out = {"list": a.tolist(), "fortran": np.asfortranarray(a)}
+    big = np.zeros(a.shape + (2,))
+    big[..., 0] = a
+    out["slice"] = big[..., 0]
+    if np.all(a == np.round(a)):
+        out["int"] = a.astype(np.int64)
+    return out
+
+
+@pytest.mark.parametrize("fname", NUMBA_PUBLIC)
+def test_lists_fortran_slices_and_ints_give_the_same_answer(fname):
+    f = getattr(gpclab, fname)
+    kwargs = VALID[fname]
+    ref = f(**kwargs)
+    for arg, v in kwargs.items():
+        if not isinstance(v, np.ndarray):
+            continue
+        for kind, w in _variants(v).items():
+            _same(f(**dict(kwargs, **{arg: w})), ref)
+
+
+@pytest.mark.parametrize("fname", ["laplace_mode", "ep", "laplace_predict", "kernel_matrix", "ais"])
+def test_float32_gives_the_answer_of_its_float64_values(fname):
+    f = getattr(gpclab, fname)
+    kwargs = VALID[fname]
+    arrays = {k: v for k, v in kwargs.items() if isinstance(v, np.ndarray)}
+    as32 = {k: v.astype(np.float32) for k, v in arrays.items()}
+    ref = f(**dict(kwargs, **{k: v.astype(np.float64) for k, v in as32.items()}))
+    _same(f(**dict(kwargs, **as32)), ref)
+
+
+@pytest.mark.parametrize("fname", PUBLIC)
+def test_no_input_is_modified(fname):
+    if fname == "syrk_lower":        # updates C in place by design (its docstring says so)
+        return
+    kwargs = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in VALID[fname].items()}
+    before = {k: v.copy() for k, v in kwargs.items() if isinstance(v, np.ndarray)}
+    getattr(gpclab, fname)(**kwargs)
+    for k, v in before.items():
+        np.testing.assert_array_equal(kwargs[k], v)
+
+
+def test_results_are_namedtuples_and_steppable():
+    """Attribute access on the results; py_func runs the plain Python body (plain tuple)."""
+    K, y = P["K"], P["y"]
+    r = gpclab.laplace_mode(K, y, "logistic")
+    raw = gpclab.laplace_mode.py_func(K, y, "logistic")
+    assert isinstance(r, gpclab.LaplaceMode) and type(raw) is tuple
+    np.testing.assert_allclose(raw[1], r.log_q, rtol=1e-12)
+    assert isinstance(gpclab.ep(K, y), gpclab.EPResult)
+    assert isinstance(gpclab.ep_multiclass(K, P["Y"]), gpclab.EPResult)
+    assert isinstance(gpclab.laplace_mode_multiclass(P["K3"], P["Y"]), gpclab.MultiLaplaceMode)
+    # numba code (ep_multiclass) calls the njit body of the public ep directly
+    Kg = gpclab.difference_covariance(K, P["Y"])
+    direct = gpclab.ep(Kg, np.ones(Kg.shape[0]), likelihood="step")
+    assert gpclab.ep_multiclass(K, P["Y"]).log_Z == direct.log_Z
+    # help() shows the function, and executors can pickle it (by name)
+    import pickle
+    import pydoc
+    assert "Mode-finding for binary Laplace GPC" in pydoc.render_doc(gpclab.laplace_mode)
+    assert pickle.loads(pickle.dumps(gpclab.ep)) is gpclab.ep
+
+
+def test_classifier_owns_its_training_data():
+    X, y = gpclab.make_three_gaussians(seed=1)
+    model = gpclab.GPClassifier(optimize=False, log_hyp=[0.5, 1.0]).fit(X, y)
+    p = model.predict_proba([[-6.0]])
+    X *= 100.0
+    np.testing.assert_array_equal(model.predict_proba([[-6.0]]), p)
+
+
+def test_disable_jit_runs_the_same_code(tmp_path):
+    """NUMBA_DISABLE_JIT=1 (to step through in a debugger) gives the compiled answers."""
+    import os
+    import subprocess
+    import sys
+    code = ("import numpy as np, gpclab\n"
+            "X, y = gpclab.make_three_gaussians(seed=0)\nX, y = X[::3], y[::3]\n"
+            "K = gpclab.kernel_matrix('se', X, X, [0.5, 1.0])\n"
+            "print(repr(float(gpclab.laplace_mode(K, y, 'logistic').log_q)), repr(float(gpclab.ep(K, y).log_Z)))\n")
+    env = dict(os.environ, NUMBA_DISABLE_JIT="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=600, check=True).stdout.split()
+    X, y = gpclab.make_three_gaussians(seed=0)
+    X, y = X[::3], y[::3]
+    K = gpclab.kernel_matrix("se", X, X, [0.5, 1.0])
+    assert math.isclose(float(out[0]), gpclab.laplace_mode(K, y, "logistic").log_q, rel_tol=1e-10)
+    assert math.isclose(float(out[1]), gpclab.ep(K, y).log_Z, rel_tol=1e-8)
+
+
+# ----------------------------------------------------------------------------------------------
+# data loaders
+
+def _ionosphere_line(k, label="g", sep=","):
+    return sep.join(f"{0.01 * (k + j):.2f}" for j in range(34)) + sep + label
+
+
+def test_load_ionosphere_accepts_harmless_variants(tmp_path):
+    p = tmp_path / "ionosphere.data"
+    text = ("a1,a2,...,class\r\n" + _ionosphere_line(0) + "\r\n\r\n"
+            + _ionosphere_line(1, " b", sep=", ") + "  \r\n" + _ionosphere_line(2, "g ") + "\r\n")
+    p.write_bytes(text.encode())
+    X, y = gpclab.load_ionosphere(str(p))
+    assert X.shape == (3, 34) and y.tolist() == ["g", "b", "g"]
+    np.testing.assert_allclose(X[1, :3], [0.01, 0.02, 0.03])
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"", "no data lines"),
+    (b"MATLAB 5.0 MAT-file" + bytes(200), "binary"),
+    ("\u00e9t\u00e9".encode("latin-1") + b",1\n", "not a text file"),
+    ((_ionosphere_line(0) + "\n" + _ionosphere_line(1)[:40] + "\n").encode(), "line 2"),
+    ((_ionosphere_line(0) + "\n" + _ionosphere_line(1).replace("0.01", "nan") + "\n").encode(), "finite"),
+    ((_ionosphere_line(0, "x") + "\n").encode(), "label g or b"),
+])
+def test_load_ionosphere_refuses_wrong_files(tmp_path, content, words):
+    p = tmp_path / "ionosphere.data"
+    p.write_bytes(content)
+    with pytest.raises(ValueError, match=words):
+        gpclab.load_ionosphere(str(p))
+
+
+def _usps_file(path, n=6):
+    from scipy.io import savemat
+    r = np.random.default_rng(0)
+    digits = np.arange(n) % 10
+    Y = -np.ones((10, n))
+    Y[digits, np.arange(n)] = 1.0
+    savemat(path, {"train_patterns": r.uniform(-1, 1, (256, n)), "train_labels": Y,
+                   "test_patterns": r.uniform(-1, 1, (256, n)), "test_labels": Y})
+
+
+def test_load_usps_keeps_digits_given_as_ints_or_strings(tmp_path):
+    p = str(tmp_path / "usps.mat")
+    _usps_file(p, n=12)
+    a = gpclab.load_usps(p, digits=(3, 5))
+    b = gpclab.load_usps(p, digits=("3", "5"))
+    assert sorted(set(a[1].tolist())) == [3, 5] and a[0].shape == (2, 256)
+    for u, v in zip(a, b):
+        np.testing.assert_array_equal(u, v)
+    with pytest.raises(ValueError, match="digits must be digits 0-9"):
+        gpclab.load_usps(p, digits=("three",))
+
+
+@pytest.mark.parametrize("content", [b"", bytes(100), b"MATLAB 5.0 MAT-file, truncated"])
+def test_load_usps_refuses_empty_and_truncated_files(tmp_path, content):
+    p = tmp_path / "usps.mat"
+    p.write_bytes(content)
+    with pytest.raises(ValueError, match="load_usps: path"):
+        gpclab.load_usps(str(p))
+
+
+def test_load_usps_refuses_a_mat_file_of_another_shape(tmp_path):
+    from scipy.io import savemat
+    p = str(tmp_path / "other.mat")
+    savemat(p, {"train_patterns": np.zeros((10, 3)), "train_labels": np.zeros((10, 3)),
+                "test_patterns": np.zeros((10, 3)), "test_labels": np.zeros((10, 3))})
+    with pytest.raises(ValueError, match="256 x n"):
+        gpclab.load_usps(p)
