@@ -266,7 +266,10 @@ def test_failed_line_search_is_not_convergence():
     """K indefinite (B still positive definite at f = 0): no step along the Newton direction
     raises Psi, and the flag says so instead of reporting the start as the mode."""
     K = np.array([[1.0, 2.0], [2.0, 1.0]])
-    res = gpclab.laplace_mode(K, np.array([1.0, -1.0]), "logistic")
+    # the checked entry refuses such a K at the door; the body's own flag is tested unchecked
+    with pytest.raises(ValueError, match="K must be positive semidefinite"):
+        gpclab.laplace_mode(K, np.array([1.0, -1.0]), "logistic")
+    res = gpclab.laplace_mode.unchecked(K, np.array([1.0, -1.0]), "logistic")
     assert not res.converged and res.n_iter == 0
 
 
