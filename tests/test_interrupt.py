@@ -63,6 +63,9 @@ CALLS = {
     "GPClassifier.fit (restarts)": (
         lambda: gpclab.GPClassifier(max_iter=2).fit(X, labels),
         lambda: gpclab.GPClassifier(n_restarts=10 ** 7).fit(X, labels)),
+    "cross_validate (loop)": (
+        lambda: gpclab.cross_validate(X, labels, n_folds=2, max_iter=2),
+        lambda: loop(lambda: gpclab.cross_validate(X, labels, n_folds=10))),
     "evidence_grid": (
         lambda: gpclab.evidence_grid(X, y, [0.0], [0.0], progress=False),
         lambda: gpclab.evidence_grid(X, y, np.linspace(-1, 1, 300), np.linspace(-1, 1, 300),
@@ -110,7 +113,8 @@ for line in sys.stdin:
 """
 
 NAMES = ["laplace_mode (loop)", "ep", "laplace_mode_multiclass (loop)", "laplace_predict_multiclass",
-         "ep_multiclass", "em_ep", "ml2 (loop)", "GPClassifier.fit (restarts)", "evidence_grid",
+         "ep_multiclass", "em_ep", "ml2 (loop)", "GPClassifier.fit (restarts)", "cross_validate (loop)",
+         "evidence_grid",
          "hmc_latent", "ais", "mcmc_posterior", "ais_grid", "hmc_hyperparameters",
          "truncated_gaussian_gibbs", "orthant_probability", "kernel_matrix"]
 
