@@ -629,6 +629,17 @@ def _compile_spec(spec):
     return convert_scalar
 
 
+def _caused_by_interrupt(e):
+    """Whether a KeyboardInterrupt stands anywhere in the chain of causes of exception e."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
 class PublicFunction:
     """A public function of gpclab: checks and converts its arguments, calls the body.
 
@@ -676,10 +687,11 @@ class PublicFunction:
         except Interrupted:
             raise KeyboardInterrupt(f"{self.__name__} interrupted") from None
         except SystemError as e:
-            # numba's dispatcher runs a little Python to type some arguments (str): an
-            # interrupt that lands there is reported as "returned a result with an
-            # exception set", with the KeyboardInterrupt as its cause
-            if isinstance(e.__cause__, KeyboardInterrupt) or isinstance(e.__context__, KeyboardInterrupt):
+            # numba's dispatcher runs a little Python to type some arguments (str) and to
+            # unpickle constants: an interrupt that lands there is reported as "returned a
+            # result with an exception set", with the KeyboardInterrupt somewhere down the
+            # chain of causes (one SystemError per numba frame it passed through)
+            if _caused_by_interrupt(e):
                 raise KeyboardInterrupt(f"{self.__name__} interrupted") from None
             raise
         if self.returns is not None:

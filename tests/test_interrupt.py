@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+import gpclab
 
 SETUP = r"""
 import sys, time
@@ -203,3 +204,26 @@ def test_interrupt_in_a_jupyter_kernel():
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_an_interrupt_reported_through_several_numba_frames_is_a_keyboard_interrupt():
+    """numba reports an interrupt that lands while it runs Python (typing a str, unpickling a
+    constant) as SystemError("... returned a result with an exception set"), once per frame it
+    passes through; the checked entry turns any such chain into KeyboardInterrupt, and leaves
+    other SystemErrors alone."""
+    def chained():
+        try:
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt as e:
+                raise SystemError("returned a result with an exception set") from e
+        except SystemError as e:
+            raise SystemError("returned a result with an exception set") from e
+
+    def other():
+        raise SystemError("something else")
+
+    with pytest.raises(KeyboardInterrupt):
+        gpclab.public()(chained)()
+    with pytest.raises(SystemError, match="something else"):
+        gpclab.public()(other)()
