@@ -19,7 +19,7 @@ non-editable installation):
 Times are wall-clock and CPU seconds of the measured process (CPU time is much less
 disturbed by other load on the machine than wall time); the load average is printed
 with them. Run from the repository root: `python benchmarks/bench_startup.py` (add
-`--skip-autograde`, `--skip-compile` to shorten).
+`--skip-autograde`, `--skip-compile`, `--skip-ratios` or `--quick` to shorten).
 """
 import argparse
 import glob
@@ -210,14 +210,40 @@ def autograde(tmp, assignment, n_submissions=2):
     return res
 
 
-def extra_ratios():
-    """Speed ratios of other benchmark scripts, run here side by side with the above.
+def extra_ratios(quick=False):
+    """Speed ratios of the other benchmark scripts, run here side by side with the above.
 
-    Add one call per measurement, each returning {label: ratio} (e.g. the executor
-    speed-up of the AIS grid, multi-class prediction time against scikit-learn, ML-II
-    on EP's evidence against GPy); they are printed in section 4.
+    Each is a ratio of two timings taken one after the other in this process (peer or
+    serial time / gpclab or parallel time; above 1 means gpclab or the pool is faster):
+    the AIS grid on two worker processes against the serial run (bench_ais.grid_ratio,
+    GPML Figure 3.12's 21 x 21 grid at n = 180; quick: 7 x 7), multi-class predictions
+    against scikit-learn's one-vs-rest (bench_multiclass.predict_ratio, n = 500 and
+    1000) and ML-II on EP's evidence against GPy (bench_ml2_ep.ml2_ratio, Boston
+    n = 500; skipped if GPy is not installed). Returns {label: value}.
     """
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import bench_ais
+    import bench_multiclass
+
     results = {}
+    T, size = (50, 7) if quick else (100, 21)
+    r = bench_ais.grid_ratio(T, size)
+    results[f"AIS grid {size}x{size}: serial (numba threads) / 2 workers"] = r["speedup"]
+    results[f"AIS grid {size}x{size}: serial (1 thread) / 2 workers"] = r["speedup_1_thread"]
+    for n in (500, 1000):
+        r = bench_multiclass.predict_ratio(n)
+        results[f"multi-class predict n={n}: sklearn / gpclab"] = r["ratio"]
+        results[f"multi-class predict n={n}: MC standard error (max)"] = r["se_max"]
+    try:
+        import GPy  # noqa: F401
+    except ImportError:
+        print("  (GPy not installed: ML-II against GPy skipped)")
+        return results
+    import bench_ml2_ep
+
+    for name, row in bench_ml2_ep.ml2_ratio(500).items():
+        results[f"ML-II EP {name}: GPy / gpclab"] = row["ratio"]
+        results[f"ML-II EP {name}: log Z gpclab - GPy"] = row["log_Z_gpclab"] - row["log_Z_gpy"]
     return results
 
 
@@ -227,6 +253,8 @@ def main():
     parser.add_argument("--assignment", default="ex3_10_4")
     parser.add_argument("--skip-compile", action="store_true")
     parser.add_argument("--skip-autograde", action="store_true")
+    parser.add_argument("--skip-ratios", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="a 7 x 7 AIS grid instead of 21 x 21")
     args = parser.parse_args()
     print(f"bench_startup: load average {os.getloadavg()}, {os.cpu_count()} CPUs")
     tmp = tempfile.mkdtemp(prefix="gpclab-startup-")
@@ -237,7 +265,7 @@ def main():
             compile_times(tmp, args.reference)
         if not args.skip_autograde:
             autograde(tmp, args.assignment)
-        ratios = extra_ratios()
+        ratios = {} if args.skip_ratios else extra_ratios(args.quick)
         if ratios:
             print(f"\n4. Other measurements (load average {load():.1f})")
             for k, v in ratios.items():
