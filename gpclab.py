@@ -411,6 +411,8 @@ def _check_shape(a, dims, name, ctx):
             continue
         if sym.isdigit():
             fixed, source = int(sym), None
+        elif not sym.isidentifier():                          # an expression, "n*(J-1)"
+            fixed, source = _dim_value(sym, {k: v[0] for k, v in ctx.dims.items()}), None
         elif sym in ctx.dims:
             fixed, source = ctx.dims[sym]
         else:
@@ -584,17 +586,50 @@ _WHOLE = {"targets": _targets, "loghyp_any": _log_hyp_any, "X": _data_matrix, "b
           "grid": _grid_axis}
 
 
+def _spec_dims(spec):
+    """The shape symbols of an array spec, ["n", "n"] for "(n, n) psd"; None for a scalar spec."""
+    first = spec.replace(", ", ",").split()[0]
+    if not first.startswith("("):
+        return None
+    return [s.strip() for s in first.strip("()").split(",") if s.strip()]
+
+
+def _dim_value(sym, shapes):
+    """The size a shape symbol stands for: a number, a symbol, or an expression of symbols
+    ("n*(J-1)"); KeyError if a symbol is not known."""
+    if sym.isdigit():
+        return int(sym)
+    if sym.isidentifier():
+        return shapes[sym]
+    try:
+        return int(eval(sym, {"__builtins__": {}}, dict(shapes)))
+    except NameError as e:
+        raise KeyError(str(e)) from None
+
+
+def _zeros_for(dims, shapes, name, where):
+    """zeros of shape dims, the symbols looked up in shapes (symbol -> size)."""
+    try:
+        return np.zeros(tuple(_dim_value(s, shapes) for s in dims))
+    except KeyError:
+        raise TypeError(f"{where}: {name} is None and its shape ({', '.join(dims)}) is not fixed "
+                        f"by the other arguments: pass an array") from None
+
+
 def _compile_spec(spec):
     """Turn an argument's spec string into a function (value, name, ctx) -> converted value."""
     words = spec.replace(", ", ",").split()
-    optional = "?" in words
-    words = [w for w in words if w != "?"]
+    optional = "?" in words or "?0" in words
+    zeros = "?0" in words
+    words = [w for w in words if w not in ("?", "?0")]
     if words and words[0].startswith("("):
         dims = [s.strip() for s in words[0].strip("()").split(",") if s.strip()]
         inplace = "inplace" in words
         checks = [_ARRAY_CHECKS[w] for w in words[1:] if w != "inplace"]
 
         def convert(value, name, ctx):
+            if value is None and zeros:                       # absent: zeros, one compiled type
+                return _zeros_for(dims, {k: v[0] for k, v in ctx.dims.items()}, name, ctx.where)
             if value is None and optional:
                 return None
             if inplace:                                       # written in place: no copy allowed
@@ -659,6 +694,8 @@ class PublicFunction:
             raise TypeError(f"public spec for {self.py_func.__name__} names no argument {unknown}")
         self.specs = {k: _compile_spec(v) for k, v in specs.items()}
         self.spec_text = dict(specs)
+        self._dims = {k: d for k, d in ((k, _spec_dims(v)) for k, v in specs.items()) if d}
+        self._zero_fill = [k for k, v in specs.items() if "?0" in v.split()]
         self.returns = returns
         self._psd = [k for k, v in specs.items() if "psd" in v.split() or "chol" in v.split()]
         functools.update_wrapper(self, self.py_func)
@@ -671,7 +708,7 @@ class PublicFunction:
         for name, check in self.specs.items():               # in the order of the spec
             bound.arguments[name] = ctx.args[name] = check(bound.arguments[name], name, ctx)
         try:
-            return self.unchecked(*bound.args, **bound.kwargs)
+            return self._run(bound)
         except np.linalg.LinAlgError as e:
             what = " and ".join(self._psd) or "the covariance"
             raise ValueError(f"{self.__name__}: a Cholesky factorisation failed ({e}): {what} "
@@ -680,10 +717,30 @@ class PublicFunction:
                              f"or choose other hyperparameters") from None
 
     def unchecked(self, *args, **kwargs):
+        """The call without checks. The arguments are only brought to the types that the
+        checked call passes (every default filled in, an absent "?0" array as zeros, boolean
+        flags as float64), so that both share one compilation of the body."""
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        shapes = {}
+        for name, dims in self._dims.items():
+            v = a[name]
+            if isinstance(v, np.ndarray):
+                if v.dtype == np.bool_:
+                    a[name] = v = v.astype(np.float64)
+                if v.ndim == len(dims):
+                    shapes.update((s, k) for s, k in zip(dims, v.shape) if s.isidentifier())
+        for name in self._zero_fill:
+            if a[name] is None:
+                a[name] = _zeros_for(self._dims[name], shapes, name, self.__name__)
+        return self._run(bound)
+
+    def _run(self, bound):
         if self.prepare is not None:
             self.prepare()
         try:
-            out = self.dispatcher(*args, **kwargs)
+            out = self.dispatcher(*bound.args, **bound.kwargs)
         except Interrupted:
             raise KeyboardInterrupt(f"{self.__name__} interrupted") from None
         except SystemError as e:
@@ -1087,7 +1144,7 @@ def _inverse_length_scales(kernel, d, log_hyp):
     return np.full(d, math.exp(log_hyp[3]))                   # "kg_iso": one l for all inputs
 
 
-@public(kernel="{se,ard,kg,kg_iso}", X1="(n, d)", X2="(m, d)", log_hyp="(p,) loghyp", discrete="(d,) flags ?")
+@public(kernel="{se,ard,kg,kg_iso}", X1="(n, d)", X2="(m, d)", log_hyp="(p,) loghyp", discrete="(d,) flags ?0")
 @njit(cache=True)
 def kernel_matrix(kernel, X1, X2, log_hyp, discrete=None):
     """Covariance matrix k(X1, X2), shape (n1, n2), for log-hyperparameters log_hyp.
@@ -1151,7 +1208,7 @@ def kernel_diag(kernel, X, log_hyp):
 
 
 @public(kernel="{se,ard,kg,kg_iso}", X="(n, d)", log_hyp="(p,) loghyp", K="(n, n)", j="count0",
-        discrete="(d,) flags ?")
+        discrete="(d,) flags ?0")
 @njit(cache=True)
 def kernel_grad(kernel, X, log_hyp, K, j, discrete=None):
     """dK/d log_hyp[j], shape (n, n), given K = kernel_matrix(kernel, X, X, log_hyp, discrete)."""
@@ -1356,7 +1413,7 @@ def _form_B(K, sW):
 
 
 @public(returns=LaplaceMode, K="(n, n) psd", y="(n,) pm1 nonempty", likelihood="{logistic,probit}",
-        a_init="(n,) ?", tol="nonneg", max_iter="count")
+        a_init="(n,) ?0", tol="nonneg", max_iter="count")
 @njit(cache=True)
 def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
     """Mode-finding for binary Laplace GPC (GPML Algorithm 3.1).
@@ -1538,7 +1595,7 @@ def laplace_predict(f_hat, K, y, likelihood, K_star, k_star_star, rule="average"
 
 
 @public(K="(n, n) psd", X="(n, d)", kernel="{se,ard,kg,kg_iso}", log_hyp="(p,) loghyp", y="(n,) pm1 nonempty",
-        likelihood="{logistic,probit}", f_hat="(n,)", a="(n,)", L="(n, n) chol", discrete="(d,) flags ?")
+        likelihood="{logistic,probit}", f_hat="(n,)", a="(n,)", L="(n, n) chol", discrete="(d,) flags ?0")
 @njit(cache=True)
 def laplace_log_q_grad(K, X, kernel, log_hyp, y, likelihood, f_hat, a, L, discrete=None):
     """Gradient of the Laplace log q(y|X, theta) (3.32) w.r.t. log_hyp (K&R eqs. 42-47).
@@ -1734,7 +1791,7 @@ def _multiclass_objective(a, f, y):
 
 
 @public(returns=MultiLaplaceMode, K="(C, n, n) psd", y="(C, n) onehot nonempty",
-        a_init="(C, n) ?", tol="nonneg", max_iter="count")
+        a_init="(C, n) ?0", tol="nonneg", max_iter="count")
 @njit(cache=True)
 def laplace_mode_multiclass(K, y, a_init=None, tol=1e-10, max_iter=100):
     """Mode-finding for multi-class Laplace GPC (GPML Algorithm 3.3).
@@ -2017,7 +2074,7 @@ def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0,
 
 @public(K="(C, n, n) psd", X="(n, d)", kernel="{se,ard,kg,kg_iso}", log_hyp="(C, p) loghyp",
         y="(C, n) onehot nonempty", f_hat="(C, n)", a="(C, n)", E="(C, n, n)", M="(n, n) chol",
-        discrete="(d,) flags ?")
+        discrete="(d,) flags ?0")
 @njit(cache=True)
 def laplace_log_q_grad_multiclass(K, X, kernel, log_hyp, y, f_hat, a, E, M, discrete=None):
     """Gradient of the multi-class log q (3.44) w.r.t. per-class log-hyperparameters.
@@ -2276,8 +2333,8 @@ def _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L, noise=1.0, eps=0.0):
     return log_Z + 0.5 * quad                                 # (3.74): 1/2 nu~^T Sigma nu~, with Sigma nu~ = mu
 
 
-@public(returns=EPResult, K="(n, n) psd", y="(n,) pm1 nonempty", nu_tilde_init="(n,) ?",
-        tau_tilde_init="(n,) nonneg ?", tol="nonneg", max_sweeps="count", order="{natural,random}",
+@public(returns=EPResult, K="(n, n) psd", y="(n,) pm1 nonempty", nu_tilde_init="(n,) ?0",
+        tau_tilde_init="(n,) nonneg ?0", tol="nonneg", max_sweeps="count", order="{natural,random}",
         seed="seed", likelihood="{probit,step}", eps="eps")
 @njit(cache=True)
 def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
@@ -2368,7 +2425,11 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
             raise ValueError("nu_tilde_init and tau_tilde_init must have length n")
         nu_tilde = nu_tilde_init.copy()
         tau_tilde = np.maximum(tau_tilde_init, 0.0)
-        Sigma, mu, _ = _ep_posterior(K, tau_tilde, nu_tilde)
+        if tau_tilde.any() or nu_tilde.any():
+            Sigma, mu, _ = _ep_posterior(K, tau_tilde, nu_tilde)
+        else:                                                 # zero sites: line 2's Sigma := K, mu := 0
+            Sigma = K.copy()
+            mu = np.zeros(n)
     if order == "random":
         np.random.seed(seed)
     perm = np.arange(n)
@@ -2495,7 +2556,7 @@ def ep_predict(nu_tilde, tau_tilde, K, K_star, k_star_star, L=None, likelihood="
 
 
 @public(K="(n, n) psd", X="(n, d)", kernel="{se,ard,kg,kg_iso}", log_hyp="(p,) loghyp", nu_tilde="(n,)",
-        tau_tilde="(n,) nonneg", L="(n, n) chol", discrete="(d,) flags ?")
+        tau_tilde="(n,) nonneg", L="(n, n) chol", discrete="(d,) flags ?0")
 @njit(cache=True)
 def ep_log_Z_grad(K, X, kernel, log_hyp, nu_tilde, tau_tilde, L, discrete=None):
     """Gradient of log Z_EP w.r.t. log_hyp at an EP fixed point (K&R eq. 51).
@@ -3168,7 +3229,7 @@ def _eq31(Q, X, kernel, log_hyp, C, discrete):
 
 
 @public(K="(n, n) psd", X="(n, d)", kernel="{se,ard,kg,kg_iso}", log_hyp="(p,) loghyp", mu="(n,)",
-        Sigma="(n, n) psd", discrete="(d,) flags ?")
+        Sigma="(n, n) psd", discrete="(d,) flags ?0")
 @njit(cache=True)
 def em_ep_grad(K, X, kernel, log_hyp, mu, Sigma, discrete=None):
     """M-step of binary EM-EP: F_cov and its gradient in log_hyp, K&G eq. 31.
@@ -3251,8 +3312,8 @@ def difference_covariance(C, y):
     return Kg
 
 
-@public(returns=EPResult, C="(n, n) psd", y="(J, n) onehot nonempty", nu_tilde_init="(N,) ?",
-        tau_tilde_init="(N,) nonneg ?", tol="nonneg", max_sweeps="count")
+@public(returns=EPResult, C="(n, n) psd", y="(J, n) onehot nonempty", nu_tilde_init="(n*(J-1),) ?0",
+        tau_tilde_init="(n*(J-1),) nonneg ?0", tol="nonneg", max_sweeps="count")
 @njit(cache=True)
 def ep_multiclass(C, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100):
     """EP for multi-class GPC on K&G's difference latents (K&G eqs. 43, 47-49).
@@ -3305,7 +3366,7 @@ def _fold_differences(Qg, y):
 
 
 @public(C="(n, n) psd", y="(J, n) onehot nonempty", X="(n, d)", kernel="{se,ard,kg,kg_iso}",
-        log_hyp="(p,) loghyp", mu="(N,)", Sigma="(N, N) psd", discrete="(d,) flags ?")
+        log_hyp="(p,) loghyp", mu="(N,)", Sigma="(N, N) psd", discrete="(d,) flags ?0")
 @njit(cache=True)
 def em_ep_grad_multiclass(C, y, X, kernel, log_hyp, mu, Sigma, discrete=None):
     """M-step of multi-class EM-EP: F_cov of q(g) and its gradient in log_hyp (K&G 31, 43).
@@ -4208,35 +4269,37 @@ class GPClassifier:
     def _predict(self, X, rule):
         X = self._X_test(X)
         disc = self.discrete_
+        # the arguments below were built and checked by fit and _X_test: the calls skip the
+        # checks of the public entries (which would factorise K again, once per class)
         if self.multiclass_:
             hyp = self._class_hyp(self.log_hyp_)
             if self.method != "laplace":
-                K_star = kernel_matrix(self.kernel_, self.X_train_, X, hyp, disc)
-                kss = kernel_diag(self.kernel_, X, hyp)
-                p, f_bar, V, _ = ep_predict_multiclass(self.nu_tilde_, self.tau_tilde_, self.K_,
-                                                       self.y_train_, K_star, kss, self.result_.L)
+                K_star = kernel_matrix.unchecked(self.kernel_, self.X_train_, X, hyp, disc)
+                kss = kernel_diag.unchecked(self.kernel_, X, hyp)
+                p, f_bar, V, _ = ep_predict_multiclass.unchecked(
+                    self.nu_tilde_, self.tau_tilde_, self.K_, self.y_train_, K_star, kss, self.result_.L)
                 return p, f_bar, V
-            ks = [kernel_matrix(self.kernel_, self.X_train_, X, hyp[0], disc)]
+            ks = [kernel_matrix.unchecked(self.kernel_, self.X_train_, X, hyp[0], disc)]
             for h in hyp[1:]:   # classes that share the first class's hyperparameters share its matrix
-                ks.append(ks[0] if np.array_equal(h, hyp[0]) else kernel_matrix(self.kernel_, self.X_train_,
-                                                                                X, h, disc))
+                ks.append(ks[0] if np.array_equal(h, hyp[0]) else
+                          kernel_matrix.unchecked(self.kernel_, self.X_train_, X, h, disc))
             K_star = np.stack(ks)
-            kss = np.stack([kernel_diag(self.kernel_, X, h) for h in hyp])
-            return laplace_predict_multiclass(self.K_, self.y_train_, self.result_.f_hat, K_star,
-                                              kss, self.n_samples, self.random_state,
-                                              self.result_.E, self.result_.M)
-        K_star = kernel_matrix(self.kernel_, self.X_train_, X, self.log_hyp_, disc)
-        kss = kernel_diag(self.kernel_, X, self.log_hyp_)
+            kss = np.stack([kernel_diag.unchecked(self.kernel_, X, h) for h in hyp])
+            return laplace_predict_multiclass.unchecked(self.K_, self.y_train_, self.result_.f_hat, K_star,
+                                                        kss, self.n_samples, self.random_state,
+                                                        self.result_.E, self.result_.M)
+        K_star = kernel_matrix.unchecked(self.kernel_, self.X_train_, X, self.log_hyp_, disc)
+        kss = kernel_diag.unchecked(self.kernel_, X, self.log_hyp_)
         if self.method != "laplace":
-            p, f_bar, V = ep_predict(self.nu_tilde_, self.tau_tilde_, self.K_, K_star, kss,
-                                     self.result_.L, self.likelihood_, self.eps_)
+            p, f_bar, V = ep_predict.unchecked(self.nu_tilde_, self.tau_tilde_, self.K_, K_star, kss,
+                                               self.result_.L, self.likelihood_, self.eps_)
             if rule == "map":
                 from scipy.special import ndtr
                 P = ndtr(f_bar) if self.likelihood_ == "probit" else (f_bar > 0).astype(float)
                 p = self.eps_ + (1.0 - 2.0 * self.eps_) * P
             return p, f_bar, V
-        return laplace_predict(self.f_hat_, self.K_, self.y_train_, self.likelihood_,
-                               K_star, kss, rule, self.result_.L)
+        return laplace_predict.unchecked(self.f_hat_, self.K_, self.y_train_, self.likelihood_,
+                                         K_star, kss, rule, self.result_.L)
 
     def predict_proba(self, X, rule="average"):
         """Class probabilities, shape (m, C), columns in the order of classes_.
@@ -5380,8 +5443,73 @@ def _compile_all(paths=None, log=print):
     return times
 
 
-_COMPILE_PATHS = {"laplace": "binary Laplace", "ep": "binary EP", "emep": "EM-EP",
-                  "multiclass": "multi-class Laplace", "mcmc": "MCMC, AIS, truncated Gaussians"}
+# the paths, longest first (seconds of compilation measured on two cores), so that a pool
+# of workers taking them in this order finishes them at about the same time
+_COMPILE_PATHS = {"mcmc": "MCMC, AIS, truncated Gaussians", "emep": "EM-EP",
+                  "multiclass": "multi-class Laplace", "laplace": "binary Laplace",
+                  "ep": "binary EP"}
+
+
+def _compile_worker(path):
+    """One path in a worker process: (path, seconds, CPU seconds)."""
+    import time
+    c0 = time.process_time()
+    seconds = _compile_all([path], log=lambda s: None)[path]
+    return path, seconds, time.process_time() - c0
+
+
+def _count_compilations(run):
+    """Run run() and count the numba compilations of gpclab's functions it caused."""
+    from numba.core import event
+
+    count = [0]
+
+    class Listener(event.Listener):
+        def on_start(self, ev):
+            if getattr(ev.data["dispatcher"].py_func, "__module__", "") == __name__:
+                count[0] += 1
+
+        def on_end(self, ev):
+            pass
+
+    listener = Listener()
+    event.register("numba:compile", listener)
+    try:
+        run()
+    finally:
+        event.unregister("numba:compile", listener)
+    return count[0]
+
+
+def compile_paths(paths=None, jobs=None, log=print):
+    """Compile and cache every public code path (or those named in paths), as
+    `python -m gpclab compile` does; returns the wall-clock seconds.
+
+    jobs: worker processes (default: one per core, at most one per path). numba compiles
+    one function at a time in a process, so the paths are shared out over `jobs` processes
+    ("spawn": numba's threading layer is not safe to fork), and what one saves the others
+    load. Then this process runs every path again: everything must now come from the cache,
+    and anything that does not (a cache index entry lost between processes writing at once,
+    which numba does not guard against) is compiled and saved here.
+    """
+    import multiprocessing
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    paths = [p for p in _COMPILE_PATHS if p in (paths or _COMPILE_PATHS)]
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(paths)))
+    t0 = time.perf_counter()
+    if jobs > 1 and not config.DISABLE_JIT:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            for path, seconds, cpu in pool.map(_compile_worker, paths):
+                log(f"  {_COMPILE_PATHS[path]:32s} {seconds:6.1f} s  (CPU {cpu:.1f} s)")
+        recompiled = _count_compilations(lambda: _compile_all(paths, log=lambda s: None))
+        log(f"  checked: every path loads from the cache"
+            + (f" ({recompiled} compilation(s) lost between the workers were redone)"
+               if recompiled else ""))
+    else:
+        _compile_all(paths, log=log)
+    return time.perf_counter() - t0
 
 
 def main(argv=None):
@@ -5396,18 +5524,22 @@ def main(argv=None):
     parser.add_argument("paths", nargs="*", metavar="path",
                         help="only these code paths (default: all): " + ", ".join(
                             f"{k} ({v})" for k, v in _COMPILE_PATHS.items()))
+    parser.add_argument("-j", "--jobs", type=int, default=None,
+                        help="worker processes compiling at once (default: one per core)")
     args = parser.parse_args(argv)
     for path in args.paths:
         if path not in _COMPILE_PATHS:
             parser.error(f"unknown path {path!r}; choose from {', '.join(_COMPILE_PATHS)}")
+    if args.jobs is not None and args.jobs < 1:
+        parser.error(f"--jobs must be a positive number of processes, got {args.jobs}")
     write, read = _cache_dirs(os.path.abspath(__file__))
     print(f"gpclab {__version__}: compiling into {write or 'memory only'}")
-    total = sum(_compile_all(args.paths).values())
-    print(f"done in {total:.1f} s")
     if write is None:
-        print("no writable cache folder: nothing was saved (set NUMBA_CACHE_DIR or run as the "
+        print("no writable cache folder: nothing can be saved (set NUMBA_CACHE_DIR or run as the "
               "installation's owner)")
         return 1
+    total = compile_paths(args.paths, args.jobs)
+    print(f"done in {total:.1f} s")
     return 0
 
 

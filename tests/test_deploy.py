@@ -138,3 +138,55 @@ def test_new_compilations_go_to_a_private_cache_and_the_shared_one_is_still_read
     assert second["after"][1] == 0 and second["after"][0] > second["warmed"][0]
     assert second["warnings"] == []
     _check_results(second)
+
+
+# Runs in a fresh process: every warmed path again; prints cache misses and the argument
+# types each public function was loaded for.
+PATHS_AGAIN = r"""
+import json, sys
+import numba
+import gpclab
+gpclab._compile_all(sys.argv[1:], log=lambda s: None)
+misses, types = 0, {}
+for name in dir(gpclab):
+    f = getattr(gpclab, name)
+    if isinstance(f, gpclab.PublicFunction) and isinstance(f.dispatcher, numba.core.dispatcher.Dispatcher):
+        misses += sum(f.dispatcher.stats.cache_misses.values())
+        if f.dispatcher.signatures:
+            types[name] = [str(s) for s in f.dispatcher.signatures]
+print(json.dumps({"misses": misses, "types": types}))
+"""
+
+
+def test_compile_in_two_processes_warms_every_path_with_one_type_per_function(tmp_path):
+    """`python -m gpclab compile laplace ep --jobs 2` shares the paths out over two worker
+    processes, then checks that everything loads from the cache; a new process then compiles
+    nothing. Each public function is compiled for one combination of argument types only,
+    whether called through its checked entry with optional arguments left out, through
+    .unchecked by the Python layer, or with warm starts (an absent warm start arrives as zeros)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    shutil.copy(os.path.join(ROOT, "gpclab.py"), site)
+    env = _env(str(tmp_path / "home"), PYTHONPATH=str(site))
+    admin = subprocess.run([sys.executable, "-m", "gpclab", "compile", "laplace", "ep", "--jobs", "2"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
+    assert admin.returncode == 0, admin.stderr
+    assert "binary Laplace" in admin.stdout and "binary EP" in admin.stdout, admin.stdout
+    assert "every path loads from the cache" in admin.stdout, admin.stdout
+    r = subprocess.run([sys.executable, "-c", PATHS_AGAIN, "laplace", "ep"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["misses"] == 0
+    for name in ("laplace_mode", "ep", "kernel_matrix", "laplace_log_q_grad",
+                 "ep_log_Z_grad", "laplace_predict", "ep_predict"):
+        assert name in out["types"], sorted(out["types"])
+    several = {k: v for k, v in out["types"].items() if len(v) > 1}
+    assert not several, several
+
+
+def test_compile_command_refuses_bad_arguments(tmp_path):
+    for args, message in ((["nonsense"], "unknown path"), (["--jobs", "0"], "--jobs must be")):
+        r = subprocess.run([sys.executable, "-m", "gpclab", "compile", *args], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and message in r.stderr, r.stderr

@@ -166,8 +166,8 @@ def test_every_checked_function_has_a_valid_call():
 def _bad_values(name, spec, value, earlier):
     """(bad value, expected exception, what) for one argument with this spec."""
     words = spec.replace(", ", ",").split()
-    optional = "?" in words
-    words = [w for w in words if w != "?"]
+    optional = "?" in words or "?0" in words
+    words = [w for w in words if w not in ("?", "?0")]
     out = []
     if words[0].startswith("("):
         if value is None:                  # an optional argument left out of the valid call
@@ -187,7 +187,7 @@ def _bad_values(name, spec, value, earlier):
         out.append((a[..., None], ValueError, "one dimension too many"))
         out.append((a.reshape(-1)[0] if a.ndim == 1 else a[0], ValueError, "one dimension too few"))
         for axis, sym in enumerate(dims):
-            if sym in earlier or sym in dims[:axis]:
+            if sym in earlier or sym in dims[:axis] or not (sym.isidentifier() or sym == "*"):
                 out.append((np.delete(a, -1, axis=axis), ValueError, f"wrong length along {sym}"))
                 break
         if "psd" in words or "sym" in words:
