@@ -2827,6 +2827,82 @@ def hmc_latent(K, y, likelihood, n_samples, step=None, n_leapfrog=None, seed=0, 
     return F, accepted / total, n_samples / tau_max
 
 
+@public(K="(n, n) psd", y="(n,) pm1 nonempty", likelihood="{logistic,probit}", n_samples="count", seed="seed",
+        burn_in="count0", thin="count")
+@njit(cache=True)
+def elliptical_slice_latent(K, y, likelihood, n_samples, seed=0, burn_in=0, thin=1):
+    """Samples of f from p(f|X, y) by elliptical slice sampling (Murray, Adams & MacKay 2010).
+
+    A sampler with no step size: each transition draws nu ~ N(0, K) and a level
+    under the likelihood, then moves along the ellipse f cos(theta) + nu sin(theta),
+    which the prior N(0, K) leaves invariant, shrinking the range of theta until
+    the likelihood is above the level. Because the prior is handled exactly, a
+    large signal variance does not slow it down, where HMC's leapfrog step must
+    shrink like 1 / sqrt(lambda_max(K)) (hmc_step_size) and a chain of a few
+    thousand transitions barely moves. Works on g = L^-1 f as hmc_latent does
+    (L the Cholesky factor of K + 1e-8 max_i K_ii I), starting from g ~ N(0, I).
+
+    Returns
+    -------
+    F : ndarray, shape (n_samples, n)
+        Latent samples after `burn_in` transitions, every `thin`-th.
+    evaluations : float
+        Likelihood evaluations per transition (1 means every first proposal was
+        taken; each costs one product with L).
+    ess : float
+        Effective sample size, n_samples over the largest autocorrelation time
+        of the n latent coordinates (as hmc_latent).
+    """
+    _check_K_y(K, y)
+    n = y.shape[0]
+    L = _jittered_cholesky(K)
+    np.random.seed(seed)
+    g = np.empty(n)
+    nu = np.empty(n)
+    g_new = np.empty(n)
+    for i in range(n):
+        g[i] = np.random.standard_normal()
+    f = np.empty(n)
+    _lower_matvec(L, g, f)
+    ll = log_likelihood(likelihood, y, f)[0].sum()
+    F = np.empty((n_samples, n))
+    total = burn_in + n_samples * thin
+    evaluations = 0
+    k = 0
+    for t in range(total):
+        check_interrupt()
+        for i in range(n):
+            nu[i] = np.random.standard_normal()              # an ellipse through g: nu ~ N(0, I)
+        level = ll + math.log(np.random.random())             # the slice: log p(y|f) > level
+        theta = 2.0 * math.pi * np.random.random()
+        lo = theta - 2.0 * math.pi
+        hi = theta
+        while True:                                           # shrink the bracket until on the slice
+            c = math.cos(theta)
+            s = math.sin(theta)
+            for i in range(n):
+                g_new[i] = g[i] * c + nu[i] * s
+            _lower_matvec(L, g_new, f)
+            ll_new = log_likelihood(likelihood, y, f)[0].sum()
+            evaluations += 1
+            if ll_new > level:
+                break
+            if theta < 0.0:
+                lo = theta
+            else:
+                hi = theta
+            theta = lo + (hi - lo) * np.random.random()
+        g[:] = g_new
+        ll = ll_new
+        if t >= burn_in and (t - burn_in) % thin == thin - 1:
+            _lower_matvec(L, g, F[k])
+            k += 1
+    tau_max = 1.0
+    for i in range(n):
+        tau_max = max(tau_max, _autocorrelation_time(np.ascontiguousarray(F[:, i])))
+    return F, evaluations / total, n_samples / tau_max
+
+
 _AIS_BLOCK = 32                                               # temperatures between interrupt checks
 
 
@@ -4780,24 +4856,26 @@ def _evidence_grid_row(X, y_pm, idx, C, log_ell, kernel, likelihood, method, X_t
             if not res.converged:
                 not_converged.append(f"({log_ell[j]:g}, {log_sf_i:g})")
             log_q[j] = v
+            # built here from checked data: the predictions skip the public entries' checks
             if X_test is not None and multi:
-                Kc = kernel_matrix(kernel, X, X, h)
-                Ks = kernel_matrix(kernel, X, X_test, h)
-                kss = kernel_diag(kernel, X_test, h)
-                P, _, _ = laplace_predict_multiclass(
+                Kc = kernel_matrix.unchecked(kernel, X, X, h)
+                Ks = kernel_matrix.unchecked(kernel, X, X_test, h)
+                kss = kernel_diag.unchecked(kernel, X_test, h)
+                P, _, _ = laplace_predict_multiclass.unchecked(
                     np.stack([Kc] * C), y_pm, res.f_hat, np.stack([Ks] * C), np.stack([kss] * C),
                     n_samples, seed, res.E, res.M)
                 info[j] = information_bits_multiclass(P.T, yt_idx, idx)
                 err[j] = np.mean(np.argmax(P, axis=0) != yt_idx)
             elif X_test is not None:
-                K = kernel_matrix(kernel, X, X, h)
-                K_star = kernel_matrix(kernel, X, X_test, h)
-                kss = kernel_diag(kernel, X_test, h)
+                K = kernel_matrix.unchecked(kernel, X, X, h)
+                K_star = kernel_matrix.unchecked(kernel, X, X_test, h)
+                kss = kernel_diag.unchecked(kernel, X_test, h)
                 if method == "laplace":
-                    p, _, _ = laplace_predict(res.f_hat, K, y_pm, likelihood, K_star, kss,
-                                              "average", res.L)
+                    p, _, _ = laplace_predict.unchecked(res.f_hat, K, y_pm, likelihood, K_star, kss,
+                                                        "average", res.L)
                 else:
-                    p, _, _ = ep_predict(res.nu_tilde, res.tau_tilde, K, K_star, kss, res.L)
+                    p, _, _ = ep_predict.unchecked(res.nu_tilde, res.tau_tilde, K, K_star, kss, res.L,
+                                                   "probit", 0.0)
                 info[j] = information_bits(p, yt_pm, y_pm)
                 err[j] = np.mean(np.where(p > 0.5, 1.0, -1.0) != yt_pm)
     return (log_q, info, err, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)],
@@ -4824,9 +4902,9 @@ def _warn_acceptance(acc, where, what="HMC"):
 
 
 @public(kernel="{se,ard,kg,kg_iso}", likelihood="{logistic,probit}", n_samples="count", step="positive ?", n_leapfrog="count ?",
-        burn_in="count0", thin="count", seed="seed")
+        burn_in="count0", thin="count", seed="seed", sampler="{hmc,elliptical}")
 def mcmc_posterior(X, y, log_hyp, X_test=None, kernel="se", likelihood="probit", n_samples=2000,
-                   step=None, n_leapfrog=None, burn_in=200, thin=1, seed=0):
+                   step=None, n_leapfrog=None, burn_in=200, thin=1, seed=0, sampler="hmc"):
     """Posterior latent samples by HMC and MCMC predictions (K&R section 6.1).
 
     y: any two labels (classes_[1] is +1). step, n_leapfrog: as hmc_latent
@@ -4836,6 +4914,10 @@ def mcmc_posterior(X, y, log_hyp, X_test=None, kernel="se", likelihood="probit",
     (m,), the MCMC predictive probability of class +1 (mcmc_predict). Warns
     when the acceptance is outside 0.3-0.995. K carries the module's jitter,
     1e-8 of the largest prior variance on its diagonal.
+    sampler: 'hmc' (K&R's) or 'elliptical' (elliptical_slice_latent, no step
+    size, which mixes at large signal variances where HMC does not); with
+    'elliptical' the dict holds 'evaluations' (likelihood evaluations per
+    transition) instead of 'acceptance', and step and n_leapfrog are unused.
     """
     X = _as_2d_float(X, "X")
     y_pm, classes = binary_labels(y, "y")
@@ -4843,11 +4925,16 @@ def mcmc_posterior(X, y, log_hyp, X_test=None, kernel="se", likelihood="probit",
         raise ValueError(f"X and y must have the same number of samples, got {X.shape[0]} and {y_pm.shape[0]}")
     _check_choice(likelihood, "likelihood", _LIKELIHOODS)
     h = _check_log_hyp(log_hyp, kernel, X.shape[1])
+    _check_choice(sampler, "sampler", ("hmc", "elliptical"))
     K = kernel_matrix(kernel, X, X, h)
-    F, acc, ess = hmc_latent(K, y_pm, likelihood, n_samples, step, n_leapfrog, seed, burn_in, thin)
-    _warn_acceptance(acc, "mcmc_posterior")
-    K = K + 1e-8 * np.max(np.diag(K)) * np.eye(X.shape[0])  # the jitter hmc_latent used
-    out = {"F": F, "acceptance": acc, "classes": classes, "ess": ess}
+    if sampler == "elliptical":
+        F, evaluations, ess = elliptical_slice_latent(K, y_pm, likelihood, n_samples, seed, burn_in, thin)
+        out = {"F": F, "evaluations": evaluations, "classes": classes, "ess": ess}
+    else:
+        F, acc, ess = hmc_latent(K, y_pm, likelihood, n_samples, step, n_leapfrog, seed, burn_in, thin)
+        _warn_acceptance(acc, "mcmc_posterior")
+        out = {"F": F, "acceptance": acc, "classes": classes, "ess": ess}
+    K = K + 1e-8 * np.max(np.diag(K)) * np.eye(X.shape[0])  # the jitter the samplers used
     if X_test is not None:
         X_test = _as_2d_float(X_test, "X_test")
         p, _ = mcmc_predict(F, K, likelihood, kernel_matrix(kernel, X, X_test, h),
@@ -5421,6 +5508,7 @@ def _compile_all(paths=None, log=print):
 
     def mcmc():
         mcmc_posterior(X, y, np.zeros(2), X_test=Xs, n_samples=5, burn_in=2)
+        mcmc_posterior(X, y, np.zeros(2), X_test=Xs, n_samples=5, burn_in=2, thin=2, sampler="elliptical")
         ais_grid(X1, y, grid[:1], grid[:1], T=5, R=1, progress=False)
         Kj = K + 1e-8 * np.eye(8)
         ais(Kj, y, "logistic", T=5, R=1), hmc_step_size(Kj, "probit")

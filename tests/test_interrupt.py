@@ -73,6 +73,8 @@ CALLS = {
                                      progress=False)),
     "hmc_latent": (lambda: gpclab.hmc_latent(K, y, "probit", 5, 0.2, 5),
                    lambda: gpclab.hmc_latent(K, y, "probit", 5, 0.2, 5, thin=10 ** 9)),
+    "elliptical_slice_latent": (lambda: gpclab.elliptical_slice_latent(K, y, "probit", 5),
+                                lambda: gpclab.elliptical_slice_latent(K, y, "probit", 5, thin=10 ** 9)),
     "ais": (lambda: gpclab.ais(K, y, "probit", 40, 2, 0.2, 5),
             lambda: gpclab.ais(K, y, "probit", 10 ** 7, 2, 0.2, 5)),
     "mcmc_posterior": (
@@ -116,7 +118,7 @@ for line in sys.stdin:
 NAMES = ["laplace_mode (loop)", "ep", "laplace_mode_multiclass (loop)", "laplace_predict_multiclass",
          "ep_multiclass", "em_ep", "ml2 (loop)", "GPClassifier.fit (restarts)", "cross_validate (loop)",
          "evidence_grid",
-         "hmc_latent", "ais", "mcmc_posterior", "ais_grid", "hmc_hyperparameters",
+         "hmc_latent", "elliptical_slice_latent", "ais", "mcmc_posterior", "ais_grid", "hmc_hyperparameters",
          "truncated_gaussian_gibbs", "orthant_probability", "kernel_matrix"]
 
 

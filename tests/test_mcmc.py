@@ -294,3 +294,31 @@ def test_ais_with_near_duplicate_inputs_matches_the_exact_evidence():
     log_Z, _, se, acc, ess = gpclab.ais(K, y, "probit", 3000, 4, seed=0)
     assert abs(log_Z - exact) < max(3 * se, 0.1), (log_Z, exact, se)
     assert 0.3 < acc < 0.995 and 1.0 <= ess <= 4.0
+
+
+def test_elliptical_slice_sampling_matches_quadrature():
+    """n = 2, probit, opposite labels at a large signal variance: the posterior mean and covariance
+    by 2-D quadrature on a fine grid, against elliptical slice samples (the Monte Carlo error is judged
+    with the sampler's own effective sample size)."""
+    K = np.array([[25.0, 15.0], [15.0, 25.0]])
+    y = np.array([1.0, -1.0])
+    F, evaluations, ess = gpclab.elliptical_slice_latent(K, y, "probit", 40000, seed=3, burn_in=500)
+    g = np.linspace(-30, 30, 1201)
+    A, B = np.meshgrid(g, g, indexing="ij")
+    Kinv = np.linalg.inv(K)
+    logd = (-0.5 * (Kinv[0, 0] * A ** 2 + 2 * Kinv[0, 1] * A * B + Kinv[1, 1] * B ** 2)
+            + norm.logcdf(A) + norm.logcdf(-B))
+    w = np.exp(logd - logd.max())
+    w /= w.sum()
+    m = np.array([(w * A).sum(), (w * B).sum()])
+    cov = np.array([[(w * (A - m[0]) ** 2).sum(), (w * (A - m[0]) * (B - m[1])).sum()],
+                    [(w * (A - m[0]) * (B - m[1])).sum(), (w * (B - m[1]) ** 2).sum()]])
+    assert ess > 1000 and 1.0 <= evaluations < 10.0
+    se = np.sqrt(np.diag(cov) / ess)
+    np.testing.assert_array_less(np.abs(F.mean(axis=0) - m), 4 * se)
+    np.testing.assert_allclose(np.cov(F.T), cov, rtol=0.1, atol=0.1 * np.sqrt(cov[0, 0] * cov[1, 1]))
+    # the same seed gives the same chain; another seed another
+    F2 = gpclab.elliptical_slice_latent(K, y, "probit", 50, seed=3, burn_in=500)[0]
+    np.testing.assert_array_equal(F2, F[:50])
+    assert not np.array_equal(F2, gpclab.elliptical_slice_latent(K, y, "probit", 50, seed=4, burn_in=500)[0])
+

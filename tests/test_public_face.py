@@ -92,6 +92,7 @@ def _valid():
                                n_leapfrog=3),
         "hmc_latent": dict(K=K, y=y, likelihood="probit", n_samples=5, step=0.2, n_leapfrog=3, seed=1,
                            burn_in=2, thin=1, tau=1.0),
+        "elliptical_slice_latent": dict(K=K, y=y, likelihood="probit", n_samples=5, seed=1, burn_in=2, thin=1),
         "ais": dict(K=K, y=y, likelihood="probit", T=40, R=2, step=0.2, n_leapfrog=3, seed=1,
                     schedule=np.linspace(0, 1, 41)),
         "mcmc_predict": dict(F=np.tile(mode.f_hat, (3, 1)), K=K, likelihood="probit", K_star=Ks,
