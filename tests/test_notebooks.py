@@ -3,8 +3,11 @@ import glob
 import os
 
 import nbformat
+import numpy as np
 import pytest
 from nbclient import NotebookClient
+
+import gpclab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LECTURES = sorted(glob.glob(os.path.join(ROOT, "lectures", "*.ipynb")))
@@ -68,3 +71,40 @@ def test_figures_csv_lists_every_saved_png():
             assert listed.get(name + ".png") == notebook, f"{notebook} saves {name}.png: not in FIGURES.csv"
     for name, notebook in listed.items():
         assert f'"{name[:-4]}"' in code[notebook], f"{name} is listed for {notebook}, which never names it"
+
+
+def _usps_like_file(path):
+    """A file in the layout of GPML's usps_resampled.mat (patterns 256 x n in [-1, 1], labels 10 x n
+    in {-1, +1}), made from scikit-learn's 8x8 digits blown up to 16x16: 45 cases of each digit in
+    the training part (shuffled), 30 in the test part."""
+    from scipy.io import savemat
+    from sklearn.datasets import load_digits
+
+    X, y = load_digits(return_X_y=True)
+    X = np.stack([np.kron(img.reshape(8, 8), np.ones((2, 2))).ravel() for img in X]) / 8.0 - 1.0
+    r = np.random.default_rng(0)
+    parts = {"train": [], "test": []}
+    for digit in range(10):
+        idx = r.permutation(np.flatnonzero(y == digit))
+        parts["train"].append(idx[:45])
+        parts["test"].append(idx[45:75])
+    mats = {}
+    for part, chunks in parts.items():
+        idx = r.permutation(np.concatenate(chunks))
+        labels = -np.ones((10, idx.size))
+        labels[y[idx], np.arange(idx.size)] = 1.0
+        mats[f"{part}_patterns"] = X[idx].T
+        mats[f"{part}_labels"] = labels
+    savemat(path, mats)
+
+
+@pytest.mark.parametrize("name", ["sec3_05_multiclass_laplace.ipynb", "sec3_07_3_digits_3_vs_5.ipynb"])
+def test_lecture_runs_on_usps_from_a_path(name, tmp_path, monkeypatch):
+    """The USPS branch (GPCLAB_USPS=<path to usps_resampled.mat>) of the two digit lectures, on a file
+    in that format made from the 8x8 digits (GPML's file cannot be shipped), in quick mode."""
+    path = tmp_path / "usps_resampled.mat"
+    _usps_like_file(path)
+    Xtr, ytr, Xte, yte = gpclab.load_usps(str(path), digits=(3, 5))
+    assert Xtr.shape == (90, 256) and Xte.shape == (60, 256) and set(ytr) == {3, 5}
+    monkeypatch.setenv("GPCLAB_USPS", str(path))
+    test_lecture_executes(os.path.join(ROOT, "lectures", name), tmp_path, monkeypatch)
