@@ -119,7 +119,7 @@ def _valid():
                       tol=1e-4, bounds=None, m_step_iter=2, discrete=None),
         "evidence_grid": dict(X=X, y=y, log_ell=[0.0], log_sf=[0.0], n_samples=10, seed=0, progress=False),
         "mcmc_posterior": dict(X=X, y=y, log_hyp=h, kernel="se", likelihood="probit", n_samples=5,
-                               step=0.1, n_leapfrog=2, burn_in=1, thin=1, seed=0),
+                               step=0.1, n_leapfrog=2, burn_in=1, thin=1, seed=0, sampler="hmc"),
         "hmc_step_size": dict(K=K, likelihood="probit"),
         "ais_grid": dict(X=X, y=y, log_ell=[0.0], log_sf=[0.0], likelihood="probit", T=20, R=2,
                          step=0.2, n_leapfrog=2, seed=0, progress=False),
