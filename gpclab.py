@@ -59,7 +59,7 @@ The public face (section 0). Every public function is called through one
 checked entry, declared above its body:
 
     @public(returns=LaplaceMode, K="(n, n) psd", y="(n,) pm1 nonempty",
-            likelihood="{logistic,probit}", a_init="(n,) ?", tol="nonneg",
+            likelihood="{logistic,probit}", a_init="(n,) ?0", tol="nonneg",
             max_iter="count")
     @njit(cache=True)
     def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
@@ -71,7 +71,11 @@ NaN and inf, checks the constraints named in the spec (symmetric, positive
 semidefinite, -1/+1 labels, one-hot, flags, non-negative, log_hyp's length
 for the kernel, ...), and passes scalars as Python int or float and names as
 str: so an njit body receives only float64 C arrays, int64, float64, str or
-None, whatever the caller passed. Bad input raises ValueError or TypeError,
+None, whatever the caller passed. An optional array whose spec ends in "?0"
+(a warm start, discrete flags) arrives as zeros when left out, so that the
+body compiles once, not once with None and once with an array; every default
+is passed explicitly, for the same reason. fn.unchecked(...) does the same
+(and turns boolean arrays into float64) without the checks. Bad input raises ValueError or TypeError,
 "laplace_mode: y must have shape (n,) with n = 60 from K, got shape (59,)".
 It then calls the njit body, turns numba's Cholesky failure into a ValueError
 with advice (jitter, other hyperparameters), and builds the namedtuple of
@@ -684,8 +688,9 @@ class PublicFunction:
     arguments themselves). Other attributes are the dispatcher's.
     """
 
-    def __init__(self, body, specs, returns, prepare=None):
+    def __init__(self, body, specs, returns, prepare=None, together=()):
         self.prepare = prepare
+        self.together = together
         self.dispatcher = body
         self.py_func = getattr(body, "py_func", body)
         self.signature = inspect.signature(self.py_func)
@@ -705,6 +710,7 @@ class PublicFunction:
         bound.apply_defaults()
         ctx = _Context(self.__name__)
         ctx.args = dict(bound.arguments)
+        self._check_together(bound.arguments)
         for name, check in self.specs.items():               # in the order of the spec
             bound.arguments[name] = ctx.args[name] = check(bound.arguments[name], name, ctx)
         try:
@@ -723,6 +729,7 @@ class PublicFunction:
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
         a = bound.arguments
+        self._check_together(a)
         shapes = {}
         for name, dims in self._dims.items():
             v = a[name]
@@ -735,6 +742,13 @@ class PublicFunction:
             if a[name] is None:
                 a[name] = _zeros_for(self._dims[name], shapes, name, self.__name__)
         return self._run(bound)
+
+    def _check_together(self, arguments):
+        """Arguments of a `together` group are given all or none (a half warm start is a mistake)."""
+        for group in self.together:
+            given = [arguments[name] is not None for name in group]
+            if any(given) and not all(given):
+                raise ValueError(f"{self.__name__}: {' and '.join(group)} go together: give both, or neither")
 
     def _run(self, bound):
         if self.prepare is not None:
@@ -781,15 +795,16 @@ def _public_by_name(name):
     return globals()[name]
 
 
-def public(returns=None, prepare=None, **specs):
+def public(returns=None, prepare=None, together=(), **specs):
     """Declare a public function: @public(K="(n, n) psd", y="(n,) pm1", ...) above @njit.
 
     One spec string per checked argument (see the banner of section 0);
     returns: a namedtuple class built from the tuple the body returns;
-    prepare: called before each call (e.g. _start_threads).
+    prepare: called before each call (e.g. _start_threads);
+    together: groups of arguments to give all or none of, (("a", "b"),).
     """
     def wrap(body):
-        return PublicFunction(body, specs, returns, prepare)
+        return PublicFunction(body, specs, returns, prepare, together)
     return wrap
 
 
@@ -2333,7 +2348,8 @@ def _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L, noise=1.0, eps=0.0):
     return log_Z + 0.5 * quad                                 # (3.74): 1/2 nu~^T Sigma nu~, with Sigma nu~ = mu
 
 
-@public(returns=EPResult, K="(n, n) psd", y="(n,) pm1 nonempty", nu_tilde_init="(n,) ?0",
+@public(returns=EPResult, together=(("nu_tilde_init", "tau_tilde_init"),),
+        K="(n, n) psd", y="(n,) pm1 nonempty", nu_tilde_init="(n,) ?0",
         tau_tilde_init="(n,) nonneg ?0", tol="nonneg", max_sweeps="count", order="{natural,random}",
         seed="seed", likelihood="{probit,step}", eps="eps")
 @njit(cache=True)
@@ -2448,7 +2464,7 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
             perm = np.random.permutation(n)
         delta = 0.0
         n_skipped = 0
-        m = 0                                                 # pending rank-one updates
+        m = np.int64(0)                                       # pending rank-one updates (an int64, not a literal 0)
         for i in perm:                                        # line 4: for i := 1 to n
             _current_column(Sigma, U, c, m, i, s)             # s_i, column i of the current Sigma
             if not s[i] > 0.0:                                # sigma_i^2 lost to rounding: no cavity
@@ -2475,7 +2491,7 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
                 mu[k] += g * s[k]
             if m == block:
                 _apply_pending(Sigma, U, c, m)
-                m = 0
+                m = np.int64(0)
                 check_interrupt()
         Sigma, mu, L = _ep_posterior(K, tau_tilde, nu_tilde)  # lines 13-15: recompute Sigma, mu
         n_sweeps += 1
@@ -3077,7 +3093,7 @@ def mcmc_predict(F, K, likelihood, K_star, k_star_star):
         check_interrupt()
         u = solve_lower(L, F[s])                               # L^-1 f
         means[s] = u @ A                                       # k_*^T K^-1 f
-        pi += averaged_probability(likelihood, means[s], var, "average")
+        pi += averaged_probability(likelihood, means[s], var, "average"[:])  # [:]: a str, not a literal
     return pi / S, means
 
 
@@ -3388,7 +3404,8 @@ def difference_covariance(C, y):
     return Kg
 
 
-@public(returns=EPResult, C="(n, n) psd", y="(J, n) onehot nonempty", nu_tilde_init="(n*(J-1),) ?0",
+@public(returns=EPResult, together=(("nu_tilde_init", "tau_tilde_init"),),
+        C="(n, n) psd", y="(J, n) onehot nonempty", nu_tilde_init="(n*(J-1),) ?0",
         tau_tilde_init="(n*(J-1),) nonneg ?0", tol="nonneg", max_sweeps="count")
 @njit(cache=True)
 def ep_multiclass(C, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100):
@@ -3673,7 +3690,7 @@ def ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L=None
             for a in range(N):
                 i = case[a]
                 j = cls[a]
-                g += b[a] * _sign43(yc[i], 0, j, l) * K_star[i, t]   # (K&G 52), m = 0
+                g += b[a] * _sign43(yc[i], np.int64(0), j, l) * K_star[i, t]   # (K&G 52), m = 0
             if g <= 0.0:
                 all_positive = False
             if g < lowest:
@@ -4362,7 +4379,7 @@ class GPClassifier:
             K_star = np.stack(ks)
             kss = np.stack([kernel_diag.unchecked(self.kernel_, X, h) for h in hyp])
             return laplace_predict_multiclass.unchecked(self.K_, self.y_train_, self.result_.f_hat, K_star,
-                                                        kss, self.n_samples, self.random_state,
+                                                        kss, self.n_samples, int(self.random_state),
                                                         self.result_.E, self.result_.M)
         K_star = kernel_matrix.unchecked(self.kernel_, self.X_train_, X, self.log_hyp_, disc)
         kss = kernel_diag.unchecked(self.kernel_, X, self.log_hyp_)
@@ -4926,6 +4943,9 @@ def mcmc_posterior(X, y, log_hyp, X_test=None, kernel="se", likelihood="probit",
     _check_choice(likelihood, "likelihood", _LIKELIHOODS)
     h = _check_log_hyp(log_hyp, kernel, X.shape[1])
     _check_choice(sampler, "sampler", ("hmc", "elliptical"))
+    if sampler == "elliptical" and (step is not None or n_leapfrog is not None):
+        raise ValueError("mcmc_posterior: step and n_leapfrog are for sampler 'hmc'; elliptical slice "
+                         "sampling has no step size")
     K = kernel_matrix(kernel, X, X, h)
     if sampler == "elliptical":
         F, evaluations, ess = elliptical_slice_latent(K, y_pm, likelihood, n_samples, seed, burn_in, thin)
@@ -5584,17 +5604,26 @@ def compile_paths(paths=None, jobs=None, log=print):
     import time
     from concurrent.futures import ProcessPoolExecutor
 
+    unknown = [p for p in paths or () if p not in _COMPILE_PATHS]
+    if unknown:
+        raise ValueError(f"compile_paths: unknown path(s) {unknown}; choose from {', '.join(_COMPILE_PATHS)}")
     paths = [p for p in _COMPILE_PATHS if p in (paths or _COMPILE_PATHS)]
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(paths)))
     t0 = time.perf_counter()
     if jobs > 1 and not config.DISABLE_JIT:
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+        try:
             for path, seconds, cpu in pool.map(_compile_worker, paths):
                 log(f"  {_COMPILE_PATHS[path]:32s} {seconds:6.1f} s  (CPU {cpu:.1f} s)")
+        except KeyboardInterrupt:                             # Ctrl-C: drop the paths not started
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
         recompiled = _count_compilations(lambda: _compile_all(paths, log=lambda s: None))
-        log(f"  checked: every path loads from the cache"
-            + (f" ({recompiled} compilation(s) lost between the workers were redone)"
-               if recompiled else ""))
+        if recompiled:
+            log(f"  checked: {recompiled} compilation(s) lost between the workers were redone here")
+        else:
+            log("  checked: every path loads from the cache")
     else:
         _compile_all(paths, log=log)
     return time.perf_counter() - t0

@@ -197,8 +197,18 @@ def test_bad_input_raises():
         gpclab.ep(K, np.array([1.0, 2.0, -1.0]))
     with pytest.raises(ValueError, match="order must be"):
         gpclab.ep(K, np.ones(3), None, None, 1e-9, 10, "backwards")
-    with pytest.raises(ValueError, match="give both"):
+    with pytest.raises(ValueError, match="ep: nu_tilde_init and tau_tilde_init go together: give both"):
         gpclab.ep(K, np.ones(3), np.zeros(3))
+    with pytest.raises(ValueError, match="give both"):
+        gpclab.ep(K, np.ones(3), tau_tilde_init=np.ones(3))
+    with pytest.raises(ValueError, match="ep_multiclass: nu_tilde_init and tau_tilde_init go together"):
+        gpclab.ep_multiclass(K, np.eye(3), np.zeros(6))
+    with pytest.raises(ValueError, match="give both"):
+        gpclab.ep.py_func(K, np.ones(3), np.zeros(3))     # the plain body keeps its own check
+    with pytest.raises(ValueError, match="ep: nu_tilde_init and tau_tilde_init go together"):
+        gpclab.ep.unchecked(K, np.ones(3), np.zeros(3))   # so does the unchecked call (no half warm start)
+    with pytest.raises(ValueError, match="go together"):
+        gpclab.ep_evidence(np.eye(3), np.ones(3), np.zeros(2), sites=(np.zeros(3), None))
     with pytest.raises(ValueError, match="K must have shape"):
         gpclab.exact_log_evidence_probit(np.eye(2), np.ones(3))
     with pytest.raises(ValueError, match="K must be positive definite"):

@@ -322,3 +322,13 @@ def test_elliptical_slice_sampling_matches_quadrature():
     np.testing.assert_array_equal(F2, F[:50])
     assert not np.array_equal(F2, gpclab.elliptical_slice_latent(K, y, "probit", 50, seed=4, burn_in=500)[0])
 
+
+def test_mcmc_posterior_with_elliptical_slice_sampling_refuses_a_step():
+    X, y = np.linspace(-2, 2, 6)[:, None], np.array([-1.0, -1, -1, 1, 1, 1])
+    out = gpclab.mcmc_posterior(X, y, [0.0, 0.0], X_test=X, n_samples=20, burn_in=5, sampler="elliptical")
+    assert out["F"].shape == (20, 6) and out["evaluations"] >= 1.0 and out["p_test"].shape == (6,)
+    with pytest.raises(ValueError, match="step and n_leapfrog are for sampler 'hmc'"):
+        gpclab.mcmc_posterior(X, y, [0.0, 0.0], n_samples=20, step=0.1, sampler="elliptical")
+    with pytest.raises(ValueError, match="sampler must be one of"):
+        gpclab.mcmc_posterior(X, y, [0.0, 0.0], n_samples=20, sampler="slice")
+
