@@ -473,14 +473,22 @@ def _check_psd(a, name, ctx):
                                          f"its diagonal, or choose other hyperparameters")
 
 
-def _values(test, what):
+def _values(test, what, hint=None):
     def check(a, name, ctx):
         bad = ~test(a)
         if bad.any():
             idx = _first_bad(bad)
             where = idx[0] if len(idx) == 1 else list(idx)
-            _fail(ValueError, ctx, name, f"must contain only {what}, got {a[idx]:g} at index {where}")
+            extra = hint(a) if hint else ""
+            _fail(ValueError, ctx, name, f"must contain only {what}, got {a[idx]:g} at index {where}{extra}")
     return check
+
+
+def _zero_one_hint(a):
+    """For -1/+1 labels given as 0/1: say how to convert them."""
+    if np.all((a == 0) | (a == 1)):
+        return " (labels 0/1: use 2 * y - 1; gpclab.GPClassifier takes any two labels)"
+    return ""
 
 
 def _check_one_hot_py(a, name, ctx):
@@ -519,7 +527,7 @@ def _check_nonempty(a, name, ctx):
 _ARRAY_CHECKS = {
     "sym": _check_symmetric,
     "psd": _check_psd,
-    "pm1": _values(lambda v: (v == 1) | (v == -1), "-1 and +1"),
+    "pm1": _values(lambda v: (v == 1) | (v == -1), "-1 and +1", _zero_one_hint),
     "onehot": _check_one_hot_py,
     "nonneg": _values(lambda v: v >= 0, "values >= 0"),
     "positive": _values(lambda v: v > 0, "values > 0"),

@@ -501,3 +501,12 @@ def test_load_usps_refuses_a_mat_file_of_another_shape(tmp_path):
                 "test_patterns": np.zeros((10, 3)), "test_labels": np.zeros((10, 3))})
     with pytest.raises(ValueError, match="256 x n"):
         gpclab.load_usps(p)
+
+
+def test_zero_one_labels_get_a_conversion_hint():
+    K = np.eye(3)
+    with pytest.raises(ValueError, match=r"ep: y must contain only -1 and \+1, got 0 at index 0 \(labels 0/1: use 2 \* y - 1"):
+        gpclab.ep(K, [0, 1, 1])
+    with pytest.raises(ValueError, match=r"got 2 at index 1$"):        # not 0/1 labels: no hint
+        gpclab.ep(K, [1, 2, -1])
+

@@ -85,6 +85,13 @@ def cavity_from_posterior(Sigma, mu, tau_tilde, nu_tilde, i):
     nu_cav = mu[i] / Sigma[i, i] - nu_tilde[i]
     return nu_cav, tau_cav
 '''}),
+    "changes_the_inputs": ({"partB_cavity"}, {"partB_answer": '''
+def cavity_from_other_sites(K, tau_tilde, nu_tilde, i):
+    t, v = tau_tilde, nu_tilde          # not copies: switching site i off changes the caller's arrays
+    t[i] = v[i] = 0.0
+    Sigma, mu = posterior(K, t, v)
+    return mu[i], Sigma[i, i]
+'''}),
     "keeps_nu_i": ({"partB_cavity"}, {"partB_answer": '''
 def cavity_from_other_sites(K, tau_tilde, nu_tilde, i):
     t = tau_tilde.copy()
