@@ -75,7 +75,8 @@ None, whatever the caller passed. An optional array whose spec ends in "?0"
 (a warm start, discrete flags) arrives as zeros when left out, so that the
 body compiles once, not once with None and once with an array; every default
 is passed explicitly, for the same reason. fn.unchecked(...) does the same
-(and turns boolean arrays into float64) without the checks. Bad input raises ValueError or TypeError,
+(and turns boolean arrays into float64) without the checks.
+Bad input raises ValueError or TypeError,
 "laplace_mode: y must have shape (n,) with n = 60 from K, got shape (59,)".
 It then calls the njit body, turns numba's Cholesky failure into a ValueError
 with advice (jitter, other hyperparameters), and builds the namedtuple of
@@ -635,7 +636,7 @@ def _compile_spec(spec):
     zeros = "?0" in words
     words = [w for w in words if w not in ("?", "?0")]
     if words and words[0].startswith("("):
-        dims = [s.strip() for s in words[0].strip("()").split(",") if s.strip()]
+        dims = _spec_dims(spec)
         inplace = "inplace" in words
         checks = [_ARRAY_CHECKS[w] for w in words[1:] if w != "inplace"]
 
@@ -2785,6 +2786,15 @@ def _autocorrelation_time(x):
     return max(tau, 1.0)
 
 
+@njit(cache=True)
+def _effective_sample_size(F):
+    """Samples (rows of F) over the largest autocorrelation time of any coordinate (column)."""
+    tau_max = 1.0
+    for i in range(F.shape[1]):
+        tau_max = max(tau_max, _autocorrelation_time(np.ascontiguousarray(F[:, i])))
+    return F.shape[0] / tau_max
+
+
 @public(K="(n, n) psd", y="(n,) pm1 nonempty", likelihood="{logistic,probit}", n_samples="count", step="positive ?",
         n_leapfrog="count ?", seed="seed", burn_in="count0", thin="count", tau="unit")
 @njit(cache=True)
@@ -2845,10 +2855,7 @@ def hmc_latent(K, y, likelihood, n_samples, step=None, n_leapfrog=None, seed=0, 
             _lower_matvec(L, g, f)
             F[k] = f
             k += 1
-    tau_max = 1.0
-    for i in range(n):
-        tau_max = max(tau_max, _autocorrelation_time(np.ascontiguousarray(F[:, i])))
-    return F, accepted / total, n_samples / tau_max
+    return F, accepted / total, _effective_sample_size(F)
 
 
 @public(K="(n, n) psd", y="(n,) pm1 nonempty", likelihood="{logistic,probit}", n_samples="count", seed="seed",
@@ -2916,15 +2923,13 @@ def elliptical_slice_latent(K, y, likelihood, n_samples, seed=0, burn_in=0, thin
             else:
                 hi = theta
             theta = lo + (hi - lo) * np.random.random()
-        g[:] = g_new
+        g, g_new = g_new, g                                   # the accepted point; f = L g already
         ll = ll_new
         if t >= burn_in and (t - burn_in) % thin == thin - 1:
-            _lower_matvec(L, g, F[k])
+            for i in range(n):
+                F[k, i] = f[i]
             k += 1
-    tau_max = 1.0
-    for i in range(n):
-        tau_max = max(tau_max, _autocorrelation_time(np.ascontiguousarray(F[:, i])))
-    return F, evaluations / total, n_samples / tau_max
+    return F, evaluations / total, _effective_sample_size(F)
 
 
 _AIS_BLOCK = 32                                               # temperatures between interrupt checks
