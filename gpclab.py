@@ -233,16 +233,44 @@ class _SharedCache(_caching.FunctionCache):
                               RuntimeWarning, stacklevel=2)
 
 
+# LLVM's optimisation level for gpclab's functions. At numba's default (3) every public
+# path takes 53 s to compile on two 2020s cores, at 1 it takes 41 s, and the compiled code
+# runs as fast (within 5% on ep, laplace_mode(_multiclass), the multi-class predictions,
+# AIS, the samplers; benchmarks/bench_startup.py). NUMBA_OPT, if set, is obeyed instead.
+_COMPILE_OPT = 1
+
+
+class _Dispatcher(numba.core.registry.CPUDispatcher):
+    """numba's dispatcher, compiling at LLVM level _COMPILE_OPT unless NUMBA_OPT is set.
+
+    The level is read by the pass builders of each compilation, so it is set for the
+    duration of one (under numba's compiler lock, so no other thread's compilation
+    sees it); functions of gpclab that this one calls compile inside it.
+    """
+
+    def compile(self, sig):
+        if "NUMBA_OPT" in os.environ:
+            return super().compile(sig)
+        with numba.core.compiler_lock.global_compiler_lock:
+            saved = config.OPT
+            config.OPT = config._OptLevel(_COMPILE_OPT)
+            try:
+                return super().compile(sig)
+            finally:
+                config.OPT = saved
+
+
 def njit(*args, **options):
-    """numba.njit; with cache=True the cache is _SharedCache (see above)."""
-    if args or not options.get("cache"):
+    """numba.njit; with cache=True the dispatcher is _Dispatcher and the cache _SharedCache."""
+    if args or not options.get("cache") or config.DISABLE_JIT:
         return numba.njit(*args, **options)
-    options = dict(options, cache=False)
+    options = dict(options, nopython=True)
+    del options["cache"]
+    local_types = options.pop("locals", {})
 
     def decorate(py_func):
-        disp = numba.njit(**options)(py_func)
-        if isinstance(disp, numba.core.dispatcher.Dispatcher):
-            disp._cache = _SharedCache(py_func)
+        disp = _Dispatcher(py_func=py_func, locals=local_types, targetoptions=options)
+        disp._cache = _SharedCache(py_func)
         return disp
     return decorate
 
@@ -5530,6 +5558,8 @@ def _compile_all(paths=None, log=print):
         GPClassifier(method="emep", kernel="kg_iso", max_iter=2, learn_eps=True).fit(X, y)
         Xd = np.column_stack([X[:, 0], (X[:, 1] > 0).astype(float)])
         GPClassifier(method="emep", max_iter=2, discrete=[False, True]).fit(Xd, y).predict_proba(Xs)
+
+    def em_ep_multiclass():
         m = GPClassifier(method="emep", max_iter=2).fit(X, labels3)
         m.predict_proba(Xs), m.predict(Xs)
 
@@ -5539,22 +5569,36 @@ def _compile_all(paths=None, log=print):
         evidence_grid(X1, labels3, grid, grid, progress=False, X_test=X1[:3], y_test=labels3[:3],
                       n_samples=10)
 
+    Kj = K + 1e-8 * np.eye(8)
+
     def mcmc():
         mcmc_posterior(X, y, np.zeros(2), X_test=Xs, n_samples=5, burn_in=2)
         mcmc_posterior(X, y, np.zeros(2), X_test=Xs, n_samples=5, burn_in=2, thin=2, sampler="elliptical")
-        ais_grid(X1, y, grid[:1], grid[:1], T=5, R=1, progress=False)
-        Kj = K + 1e-8 * np.eye(8)
-        ais(Kj, y, "logistic", T=5, R=1), hmc_step_size(Kj, "probit")
-        C = Kj[:3, :3] + np.eye(3)
-        truncated_gaussian_gibbs(C, 5), truncated_gaussian_mh(C, 5, 0.1)
         s = hmc_hyperparameters(X, y, n_iter=2, n_leapfrog=2)
         predict_averaged(X, y, Xs, s["samples"])
+
+    def ais_paths():
+        ais_grid(X1, y, grid[:1], grid[:1], T=5, R=1, progress=False)
+        ais(Kj, y, "logistic", T=5, R=1), hmc_step_size(Kj, "probit")
+
+    def multiclass_predict():
+        Y = np.ascontiguousarray(np.eye(3)[:, labels3])            # C arrays, as GPClassifier calls it
+        E = np.stack([np.eye(8)] * 3)
+        K3 = np.stack([K] * 3)
+        laplace_predict_multiclass.unchecked(K3, Y, np.zeros((3, 8)), K3[:, :, :3].copy(), np.ones((3, 3)),
+                                             10, 0, E, np.eye(8))
+
+    def truncated():
+        C = Kj[:3, :3] + np.eye(3)
+        truncated_gaussian_gibbs(C, 5), truncated_gaussian_mh(C, 5, 0.1)
 
     times = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         runs = {"laplace": binary_laplace, "ep": binary_ep, "emep": em_ep_paths,
-                "multiclass": multiclass_laplace, "mcmc": mcmc}
+                "emep_multiclass": em_ep_multiclass,
+                "multiclass": multiclass_laplace, "mcmc": mcmc, "ais": ais_paths,
+                "truncated": truncated, "multiclass_predict": multiclass_predict}
         for name in paths or _COMPILE_PATHS:
             run = runs[name]
             t0 = time.perf_counter()
@@ -5564,19 +5608,41 @@ def _compile_all(paths=None, log=print):
     return times
 
 
-# the paths, longest first (seconds of compilation measured on two cores), so that a pool
-# of workers taking them in this order finishes them at about the same time
-_COMPILE_PATHS = {"mcmc": "MCMC, AIS, truncated Gaussians", "emep": "EM-EP",
-                  "multiclass": "multi-class Laplace", "laplace": "binary Laplace",
-                  "ep": "binary EP"}
+_COMPILE_PATHS = {"laplace": "binary Laplace", "multiclass": "multi-class Laplace",
+                  "multiclass_predict": "multi-class Laplace predictions",
+                  "ep": "binary EP", "emep": "binary EM-EP", "emep_multiclass": "multi-class EM-EP",
+                  "mcmc": "MCMC posteriors and hyperparameters", "ais": "AIS, HMC step sizes",
+                  "truncated": "truncated Gaussians"}
+
+# How compile_paths shares the paths out over worker processes. Paths that call the same
+# functions go to the same worker, which then compiles those once (numba compiles each
+# function with all it calls; two workers would both compile what they share). These two
+# chains share about 3 s of 35 s of compilation and take about as long as each other
+# (measured per function with numba's compile events); more workers split them further.
+_COMPILE_CHAINS = (("mcmc", "laplace", "ais", "multiclass"),
+                   ("multiclass_predict", "emep", "emep_multiclass", "ep", "truncated"))
 
 
-def _compile_worker(path):
-    """One path in a worker process: (path, seconds, CPU seconds)."""
+def _compile_worker(chain):
+    """The paths of chain, one after the other in a worker process: [(path, seconds)], CPU seconds."""
     import time
     c0 = time.process_time()
-    seconds = _compile_all([path], log=lambda s: None)[path]
-    return path, seconds, time.process_time() - c0
+    times = _compile_all(chain, log=lambda s: None)
+    return [(path, times[path]) for path in chain], time.process_time() - c0
+
+
+def _split_chains(paths, jobs):
+    """_COMPILE_CHAINS restricted to paths, split (longest chain in halves) until there are jobs."""
+    chains = [[p for p in chain if p in paths] for chain in _COMPILE_CHAINS]
+    chains = [c for c in chains if c]
+    while len(chains) < jobs:
+        longest = max(chains, key=len)
+        if len(longest) == 1:
+            break
+        chains.remove(longest)
+        half = (len(longest) + 1) // 2
+        chains += [longest[:half], longest[half:]]
+    return chains
 
 
 def _count_compilations(run):
@@ -5608,8 +5674,8 @@ def compile_paths(paths=None, jobs=None, log=print):
 
     jobs: worker processes (default: one per core, at most one per path). numba compiles
     one function at a time in a process, so the paths are shared out over `jobs` processes
-    ("spawn": numba's threading layer is not safe to fork), and what one saves the others
-    load. Then this process runs every path again: everything must now come from the cache,
+    ("spawn": numba's threading layer is not safe to fork) in the chains of _COMPILE_CHAINS,
+    and what one saves the others load. Then this process runs every path again: everything must now come from the cache,
     and anything that does not (a cache index entry lost between processes writing at once,
     which numba does not guard against) is compiled and saved here.
     """
@@ -5621,17 +5687,22 @@ def compile_paths(paths=None, jobs=None, log=print):
     if unknown:
         raise ValueError(f"compile_paths: unknown path(s) {unknown}; choose from {', '.join(_COMPILE_PATHS)}")
     paths = [p for p in _COMPILE_PATHS if p in (paths or _COMPILE_PATHS)]
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(paths)))
+    chains = _split_chains(paths, jobs or os.cpu_count() or 1)
     t0 = time.perf_counter()
-    if jobs > 1 and not config.DISABLE_JIT:
-        pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+    if len(chains) > 1 and (jobs or 2) > 1 and not config.DISABLE_JIT:
+        # this process compiles the first chain while workers compile the others
+        pool = ProcessPoolExecutor(len(chains) - 1, mp_context=multiprocessing.get_context("spawn"))
         try:
-            for path, seconds, cpu in pool.map(_compile_worker, paths):
-                log(f"  {_COMPILE_PATHS[path]:32s} {seconds:6.1f} s  (CPU {cpu:.1f} s)")
-        except KeyboardInterrupt:                             # Ctrl-C: drop the paths not started
+            futures = [pool.submit(_compile_worker, chain) for chain in chains[1:]]
+            results = [_compile_worker(chains[0])] + [f.result() for f in futures]
+        except KeyboardInterrupt:                             # Ctrl-C: drop the chains not started
             pool.shutdown(wait=False, cancel_futures=True)
             raise
         pool.shutdown()
+        for worker, (times, cpu) in enumerate(results):
+            for path, seconds in times:
+                log(f"  {_COMPILE_PATHS[path]:38s} {seconds:5.1f} s  (process {worker})")
+            log(f"  {'':38s}        (process {worker}: CPU {cpu:.1f} s)")
         recompiled = _count_compilations(lambda: _compile_all(paths, log=lambda s: None))
         if recompiled:
             log(f"  checked: {recompiled} compilation(s) lost between the workers were redone here")
@@ -5656,7 +5727,7 @@ def main(argv=None):
                             f"{k} ({v})" for k, v in _COMPILE_PATHS.items()))
     parser.add_argument("-j", "--jobs", type=int, default=None,
                         help="worker processes compiling at once (default: one per core)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)          # `compile -j 2 ep` as well as `compile ep -j 2`
     for path in args.paths:
         if path not in _COMPILE_PATHS:
             parser.error(f"unknown path {path!r}; choose from {', '.join(_COMPILE_PATHS)}")
