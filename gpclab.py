@@ -1217,12 +1217,18 @@ def kernel_matrix(kernel, X1, X2, log_hyp, discrete=None):
     if kernel == "se":
         inv_l2 = math.exp(-2.0 * log_hyp[0])
         sf2 = math.exp(2.0 * log_hyp[1])
+        any_discrete = disc.any()
         for i in range(n1):
             check_interrupt()
             for j in range(i + 1 if symmetric else n2):
                 r2 = 0.0
-                for m in range(d):
-                    r2 += _d_m(X1[i, m], X2[j, m], disc[m])
+                if any_discrete:
+                    for m in range(d):
+                        r2 += _d_m(X1[i, m], X2[j, m], disc[m])
+                else:                                         # the same sum without the flags' branch
+                    for m in range(d):
+                        t = X1[i, m] - X2[j, m]
+                        r2 += t * t
                 K[i, j] = sf2 * math.exp(-0.5 * r2 * inv_l2)
     else:                                                     # "ard", "kg", "kg_iso"
         v0 = math.exp(log_hyp[0])
@@ -1972,10 +1978,35 @@ def _column_dots(A, B):
     return out
 
 
-@public(K="(C, n, n) psd", y="(C, n) onehot nonempty", f_hat="(C, n)", K_star="(C, n, m)",
-        k_star_star="(C, m)", S="count", seed="seed", E="(C, n, n) ?", M="(n, n) chol ?")
+@public(E="(C, n, n)", M="(n, n) chol")
 @njit(cache=True)
-def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0, E=None, M=None):
+def multiclass_G(E, M):
+    """G_c = M \\ E_c for each class (C, n, n): what Algorithm 3.4's lines 10-11 apply to
+    k_*^c, precomputed for laplace_predict_multiclass (C n^3 / 2 multiply-adds)."""
+    C, n = E.shape[0], E.shape[1]
+    G = np.empty((C, n, n))
+    for c in range(C):
+        G[c] = solve_lower_matrix(M, E[c])
+    return G
+
+
+@njit(cache=True)
+def _same_blocks(A):
+    """True if every A[c] equals A[0] (classes sharing one covariance function)."""
+    for c in range(1, A.shape[0]):
+        for i in range(A.shape[1]):
+            for j in range(A.shape[2]):
+                if A[c, i, j] != A[0, i, j]:
+                    return False
+    return True
+
+
+@public(K="(C, n, n) psd", y="(C, n) onehot nonempty", f_hat="(C, n)", K_star="(C, n, m)",
+        k_star_star="(C, m)", S="count", seed="seed", E="(C, n, n) ?", M="(n, n) chol ?",
+        G="(C, n, n) ?")
+@njit(cache=True)
+def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0, E=None, M=None,
+                               G=None):
     """Predictions for multi-class Laplace GPC (GPML Algorithm 3.4).
 
     Parameters
@@ -1997,6 +2028,9 @@ def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0,
         Seed of the Monte Carlo samples: the same seed gives the same numbers.
     E, M : optional
         E and M at f_hat from laplace_mode_multiclass; skip lines 2-7.
+    G : ndarray, shape (C, n, n), optional
+        multiclass_G(E, M), to reuse over several calls at the same f_hat
+        (GPClassifier keeps it from fit); used when all classes share K_star.
 
     Returns
     -------
@@ -2013,7 +2047,12 @@ def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0,
     each E_c is used once for all m test cases, and line 11's solve with M
     runs on all columns together. With b_c = E_c k_c(x_*), line 13's
     Sigma_cc' = c^T k_c' equals (M\\b_c)^T (M\\b_c'), so each class needs one
-    triangular solve.
+    triangular solve. When every class has the same k_*, M\\b_c = G_c k_*
+    with G_c = M\\E_c, and b_c^T k_* = (M^T k_*)^T (M\\b_c) where
+    M^T k_* = sum_c' M\\b_c' (since sum_c E_c = M M^T): line 15's b^T k_* is
+    the sum of row c of lines 12-14's Sigma_cc'. That leaves one product
+    G_c k_* per class, C n^2 m multiply-adds instead of 3 C n^2 m / 2 (with G
+    given, or computed here, C n^3 / 2 more, when m > n).
 
     Monte Carlo error: the samples come in antithetic pairs mu_* +/- L z,
     and one set of S/2 vectors z serves every test case. Each pi_bar_*c is
@@ -2046,21 +2085,42 @@ def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0,
     mu_star = np.empty((C, m))
     H = np.empty((C, n, m))
     Sigma_star = np.zeros((m, C, C))
+    bk = np.empty((C, m))                                     # b^T k_*^c of line 15, per class
+    shared = _same_blocks(K_star)
+    if shared and G is None and m > n:
+        G = multiclass_G(E, M)
+    use_G = shared and G is not None                          # one k_* for all classes (see Notes)
     for c in range(C):                                        # line 8: for c := 1..C (all test cases at once)
         Kc = np.ascontiguousarray(K_star[c])
         mu_star[c] = (y[c] - pi[c]) @ Kc                      # line 9: mu_*^c := (y^c - pi^c)^T k_*^c  (3.41)
-        b = E[c] @ Kc                                         # line 10: b := E_c k_*^c
-        H[c] = solve_lower_matrix(M, b)                       # line 11: c := E_c R M^T\(M\(R^T b)), via M\b
-        bk = _column_dots(b, Kc)
-        for j in range(m):
-            Sigma_star[j, c, c] += k_star_star[c, j] - bk[j]  # line 15: Sigma_cc += k_c(x_*, x_*) - b^T k_*^c
-    for c in range(C):                                        # lines 12-14: Sigma_cc' := c^T k_*^c'  (3.43)
+        if use_G:
+            np.dot(G[c], Kc, H[c])                            # lines 10-11: M\b = (M\E_c) k_*^c
+        else:
+            b = E[c] @ Kc                                     # line 10: b := E_c k_*^c
+            H[c] = solve_lower_matrix(M, b)                   # line 11: c := E_c R M^T\(M\(R^T b)), via M\b
+            bk[c] = _column_dots(b, Kc)
+    hh = np.zeros((C, C, m))                                  # lines 12-14: Sigma_cc' := c^T k_*^c'  (3.43)
+    for i in range(n):                                        # = (M\b_c)^T (M\b_c'), for all test cases:
+        for c in range(C):                                    # one pass over H, row by row
+            for c2 in range(c + 1):
+                for j in range(m):
+                    hh[c, c2, j] += H[c, i, j] * H[c2, i, j]
+    for c in range(C):
         for c2 in range(c + 1):
-            hh = _column_dots(H[c], H[c2])
             for j in range(m):
-                Sigma_star[j, c, c2] += hh[j]
+                Sigma_star[j, c, c2] += hh[c, c2, j]
                 if c2 != c:
-                    Sigma_star[j, c2, c] += hh[j]
+                    Sigma_star[j, c2, c] += hh[c, c2, j]
+    if use_G:                                                 # b_c^T k_* = (M^T k_*)^T (M\b_c), and
+        for c in range(C):                                    # M^T k_* = sum_c' M\b_c' (sum_c' E_c = M M^T)
+            for j in range(m):
+                t = 0.0
+                for c2 in range(C):
+                    t += Sigma_star[j, c, c2]
+                bk[c, j] = t
+    for c in range(C):
+        for j in range(m):
+            Sigma_star[j, c, c] += k_star_star[c, j] - bk[c, j]  # line 15: Sigma_cc += k_c(x_*, x_*) - b^T k_*^c
     # departs from lines 18-19 in how f_* is drawn, to halve the work at the same S: the
     # samples come in antithetic pairs f_* = mu_* +/- L z (L L^T = Sigma), both N(mu_*, Sigma),
     # whose softmaxes share exp(d) (d = L z) and exp(mu_*); the (S + 1) // 2 vectors z are drawn
@@ -4204,6 +4264,8 @@ class GPClassifier:
     eps_ : the labelling noise used (EP, EM-EP).
     emep_ : the EMEPResult of em_ep, with the histories of log Z_EP and F.
     result_ : the LaplaceMode, MultiLaplaceMode or EPResult at log_hyp_.
+    G_ : multiclass_G(result_.E, result_.M), kept for the predictions
+        (multi-class Laplace).
     """
 
     def __init__(self, kernel=None, likelihood=None, method="laplace", log_hyp=None,
@@ -4358,6 +4420,8 @@ class GPClassifier:
                           f"(tol {self.tol}); the last hyperparameters are used", RuntimeWarning,
                           stacklevel=2)
         self.result_ = res
+        if self.multiclass_ and self.method == "laplace":
+            self.G_ = multiclass_G.unchecked(res.E, res.M)  # M\E_c, reused by every prediction
         if self.method == "laplace":
             self.f_hat_ = res.f_hat
             self.n_iter_ = res.n_iter
@@ -4421,7 +4485,7 @@ class GPClassifier:
             kss = np.stack([kernel_diag.unchecked(self.kernel_, X, h) for h in hyp])
             return laplace_predict_multiclass.unchecked(self.K_, self.y_train_, self.result_.f_hat, K_star,
                                                         kss, self.n_samples, int(self.random_state),
-                                                        self.result_.E, self.result_.M)
+                                                        self.result_.E, self.result_.M, self.G_)
         K_star = kernel_matrix.unchecked(self.kernel_, self.X_train_, X, self.log_hyp_, disc)
         kss = kernel_diag.unchecked(self.kernel_, X, self.log_hyp_)
         if self.method != "laplace":
@@ -4921,7 +4985,7 @@ def _evidence_grid_row(X, y_pm, idx, C, log_ell, kernel, likelihood, method, X_t
                 kss = kernel_diag.unchecked(kernel, X_test, h)
                 P, _, _ = laplace_predict_multiclass.unchecked(
                     np.stack([Kc] * C), y_pm, res.f_hat, np.stack([Ks] * C), np.stack([kss] * C),
-                    n_samples, seed, res.E, res.M)
+                    n_samples, seed, res.E, res.M, multiclass_G.unchecked(res.E, res.M))
                 info[j] = information_bits_multiclass(P.T, yt_idx, idx)
                 err[j] = np.mean(np.argmax(P, axis=0) != yt_idx)
             elif X_test is not None:
@@ -5586,7 +5650,7 @@ def _compile_all(paths=None, log=print):
         E = np.stack([np.eye(8)] * 3)
         K3 = np.stack([K] * 3)
         laplace_predict_multiclass.unchecked(K3, Y, np.zeros((3, 8)), K3[:, :, :3].copy(), np.ones((3, 3)),
-                                             10, 0, E, np.eye(8))
+                                             10, 0, E, np.eye(8), multiclass_G.unchecked(E, np.eye(8)))
 
     def truncated():
         C = Kj[:3, :3] + np.eye(3)

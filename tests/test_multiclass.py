@@ -68,6 +68,42 @@ def test_predictive_mean_and_covariance_equal_naive_dense(C):
         np.testing.assert_allclose(Sig2[j], Sig[j], rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("m", [3, 25])
+def test_shared_covariance_predictions_equal_naive_dense(m):
+    """Classes sharing one covariance function (one k_* for all): Sigma_* through G_c = M\\E_c,
+    with line 15's b^T k_* taken from the cross terms, equals the Cn x Cn reference, whether G is
+    given, computed inside (m > n) or not used (m <= n)."""
+    C, n = 4, 10
+    X, y, h, K = _problem(5, C, n=n, per_class=False)
+    res = gpclab.laplace_mode_multiclass(K, y)
+    Xs = np.random.default_rng(4).standard_normal((m, 2))
+    K_star = np.stack([gpclab.kernel_matrix("se", X, Xs, h[0])] * C)
+    kss = np.stack([gpclab.kernel_diag("se", Xs, h[0]) + 0.1] * C)
+    G = gpclab.multiclass_G(res.E, res.M)
+    for c in range(C):
+        np.testing.assert_allclose(res.M @ G[c], res.E[c], rtol=1e-10, atol=1e-13)
+    runs = [gpclab.laplace_predict_multiclass(K, y, res.f_hat, K_star, kss, 10),
+            gpclab.laplace_predict_multiclass(K, y, res.f_hat, K_star, kss, 10, 0, res.E, res.M, G)]
+    for p, mu, Sig in runs:
+        for j in range(m):
+            m_ref, c_ref = naive.multiclass_predict(K, y, res.f_hat, K_star[:, :, j], kss[:, j])
+            np.testing.assert_allclose(mu[:, j], m_ref, rtol=1e-8, atol=1e-10)
+            np.testing.assert_allclose(Sig[j], c_ref, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(runs[0][0], runs[1][0], rtol=1e-9, atol=1e-12)
+
+
+def test_classifier_keeps_G_and_predicts_as_the_public_function():
+    X, y, h, K = _problem(6, 3, n=30, per_class=False)
+    labels = np.argmax(y, axis=0)
+    model = gpclab.GPClassifier(log_hyp=h[0], optimize=False, n_samples=200).fit(X, labels)
+    np.testing.assert_allclose(model.G_, gpclab.multiclass_G(model.result_.E, model.result_.M))
+    Xs = np.random.default_rng(1).standard_normal((50, 2))
+    Ks = np.stack([gpclab.kernel_matrix("se", X, Xs, h[0])] * 3)
+    kss = np.stack([gpclab.kernel_diag("se", Xs, h[0])] * 3)
+    p, _, _ = gpclab.laplace_predict_multiclass(model.K_, model.y_train_, model.f_hat_, Ks, kss, 200)
+    np.testing.assert_allclose(model.predict_proba(Xs), p.T, rtol=1e-10, atol=1e-12)
+
+
 def test_monte_carlo_predictions_are_reproducible_and_converge_for_two_classes():
     """For C = 2 the softmax average is E[lambda(f1 - f2)]: a 1-D integral (quadrature)."""
     X, y, h, K = _problem(5, 2, n=15)
