@@ -207,6 +207,11 @@ class _SharedCache(_caching.FunctionCache):
         self._read_files = [_caching.IndexDataCacheFile(path, self._impl.filename_base, stamp)
                             for path in self._impl.locator.read_paths]
 
+    def _index_key(self, sig, codegen):
+        # numba's key leaves out LLVM's optimisation level: add it, so that code compiled at
+        # another level (NUMBA_OPT) is neither loaded nor overwritten by this one
+        return super()._index_key(sig, codegen) + (int(config.OPT),)
+
     def _load_overload(self, sig, target_context):
         if not self._enabled:
             return None
@@ -253,11 +258,12 @@ class _Dispatcher(numba.core.registry.CPUDispatcher):
             return super().compile(sig)
         with numba.core.compiler_lock.global_compiler_lock:
             saved = config.OPT
-            config.OPT = config._OptLevel(_COMPILE_OPT)
+            ours = config.OPT = config._OptLevel(_COMPILE_OPT)
             try:
                 return super().compile(sig)
             finally:
-                config.OPT = saved
+                if config.OPT is ours:          # numba may have reloaded its configuration meanwhile
+                    config.OPT = saved
 
 
 def njit(*args, **options):
@@ -4119,7 +4125,7 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
     sign of f): without hyp_prior, log t0 is held at its start value, which
     removes that flat direction (L-BFGS otherwise spends its steps along it).
     ftol: L-BFGS-B stops when a step raises the log evidence by less than
-    ftol max(|log evidence|, 1). Default: scipy's 2.2e-9 for Laplace; 1e-6 for EP, about
+    ftol max(|log evidence|, 1). Default: scipy's 2.2e-9 for Laplace; 1e-6 for EP and EM-EP, about
     1e-4 nats at a log evidence of -100, where each evaluation runs EP (2.2e-9 polishes
     digits that no comparison of models uses: on Boston, n = 500, kg + step, the last 4 s
     of 8 s raised log Z_EP by 2e-3 nats).
@@ -4172,7 +4178,7 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
         bounds = [(x0[0], x0[0])] + list(bounds[1:])         # the scale of K: see the docstring
     res = minimize(neg, x0, jac=True, method="L-BFGS-B", bounds=bounds,
                    options={"maxiter": max_iter,
-                            "ftol": ftol if ftol is not None else 1e-6 if method == "ep" else 2.2e-9})
+                            "ftol": ftol if ftol is not None else 1e-6 if method in ("ep", "emep") else 2.2e-9})
     if hyp_prior is None and _trivial_plateau(-float(res.fun), y):
         C, n = (y.shape[0], y.shape[1]) if np.ndim(y) == 2 else (2, len(y))
         warnings.warn(f"ml2 {_PLATEAU_MSG.format(v0=n * np.log(1.0 / C))} ({res.nit} iterations)",
@@ -4491,7 +4497,8 @@ class GPClassifier:
             kss = np.stack([kernel_diag.unchecked(self.kernel_, X, h) for h in hyp])
             return laplace_predict_multiclass.unchecked(self.K_, self.y_train_, self.result_.f_hat, K_star,
                                                         kss, self.n_samples, int(self.random_state),
-                                                        self.result_.E, self.result_.M, self.G_)
+                                                        self.result_.E, self.result_.M,
+                                                        getattr(self, "G_", None))   # None: a model pickled before G_
         K_star = kernel_matrix.unchecked(self.kernel_, self.X_train_, X, self.log_hyp_, disc)
         kss = kernel_diag.unchecked(self.kernel_, X, self.log_hyp_)
         if self.method != "laplace":
@@ -5715,6 +5722,28 @@ def _split_chains(paths, jobs):
     return chains
 
 
+def _save_missing_overloads():
+    """Save again every compiled gpclab function that the cache index lacks: the check of
+    compile_paths for what this process compiled itself (which it holds in memory, so running
+    the paths again would not consult the cache). Returns how many were saved."""
+    saved = 0
+    for obj in list(globals().values()):
+        disp = getattr(obj, "dispatcher", obj)
+        if not isinstance(disp, _Dispatcher) or not isinstance(disp._cache, _SharedCache):
+            continue
+        index = disp._cache._cache_file._load_index()
+        opt = config.OPT                                   # the level the keys were made with
+        config.OPT = config._OptLevel(_COMPILE_OPT) if "NUMBA_OPT" not in os.environ else opt
+        try:
+            for sig, cres in list(disp.overloads.items()):
+                if disp._cache._index_key(sig, disp.targetctx.codegen()) not in index:
+                    disp._cache.save_overload(sig, cres)
+                    saved += 1
+        finally:
+            config.OPT = opt
+    return saved
+
+
 def _count_compilations(run):
     """Run run() and count the numba compilations of gpclab's functions it caused."""
     from numba.core import event
@@ -5757,9 +5786,10 @@ def compile_paths(paths=None, jobs=None, log=print):
     if unknown:
         raise ValueError(f"compile_paths: unknown path(s) {unknown}; choose from {', '.join(_COMPILE_PATHS)}")
     paths = [p for p in _COMPILE_PATHS if p in (paths or _COMPILE_PATHS)]
-    chains = _split_chains(paths, jobs or os.cpu_count() or 1)
+    jobs = jobs or os.cpu_count() or 1
+    chains = _split_chains(paths, jobs)
     t0 = time.perf_counter()
-    if len(chains) > 1 and (jobs or 2) > 1 and not config.DISABLE_JIT:
+    if len(chains) > 1 and jobs > 1 and not config.DISABLE_JIT:
         # this process compiles the first chain while workers compile the others
         pool = ProcessPoolExecutor(len(chains) - 1, mp_context=multiprocessing.get_context("spawn"))
         try:
@@ -5774,8 +5804,9 @@ def compile_paths(paths=None, jobs=None, log=print):
                 log(f"  {_COMPILE_PATHS[path]:38s} {seconds:5.1f} s  (process {worker})")
             log(f"  {'':38s}        (process {worker}: CPU {cpu:.1f} s)")
         recompiled = _count_compilations(lambda: _compile_all(paths, log=lambda s: None))
-        if recompiled:
-            log(f"  checked: {recompiled} compilation(s) lost between the workers were redone here")
+        resaved = _save_missing_overloads()
+        if recompiled or resaved:
+            log(f"  checked: {recompiled + resaved} compilation(s) missing from the cache were saved again")
         else:
             log("  checked: every path loads from the cache")
     else:

@@ -261,18 +261,19 @@ def test_gpclab_functions_compile_at_their_llvm_level_unless_numba_opt_is_set(mo
     """gpclab compiles its functions at LLVM level 1 (a quarter less compile time, the same run
     time) and leaves numba's level as it found it; NUMBA_OPT set by the user wins."""
     import numba
-    from numba.core import event
+    from numba.core import codegen
 
     import gpclab
     monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
-    seen = []
+    gpclab._cache_dirs.cache_clear()              # (memoised per source file) read CACHE_DIR again
+    levels = []                                   # the level LLVM's pass builders are given
+    real = codegen.create_pass_builder
 
-    class Listener(event.Listener):
-        def on_start(self, ev):
-            seen.append(int(numba.config.OPT))
+    def spy(tm, opt, **kwargs):
+        levels.append(int(opt))
+        return real(tm, opt=opt, **kwargs)
 
-        def on_end(self, ev):
-            pass
+    monkeypatch.setattr(codegen, "create_pass_builder", spy)
 
     def one(x):
         return x + 1.0
@@ -281,14 +282,38 @@ def test_gpclab_functions_compile_at_their_llvm_level_unless_numba_opt_is_set(mo
         return x + 2.0
 
     before = int(numba.config.OPT)
-    listener = Listener()
-    event.register("numba:compile", listener)
-    try:
-        monkeypatch.delenv("NUMBA_OPT", raising=False)
-        assert gpclab.njit(cache=True)(one)(1.0) == 2.0
-        assert seen == [gpclab._COMPILE_OPT] and int(numba.config.OPT) == before
-        monkeypatch.setenv("NUMBA_OPT", str(before))
-        assert gpclab.njit(cache=True)(two)(1.0) == 3.0
-        assert seen == [gpclab._COMPILE_OPT, before]
-    finally:
-        event.unregister("numba:compile", listener)
+    monkeypatch.delenv("NUMBA_OPT", raising=False)
+    assert gpclab.njit(cache=True)(one)(1.0) == 2.0
+    assert levels and set(levels) <= {gpclab._COMPILE_OPT, 0}, levels     # 0: numba's "cheap" inlining pass
+    assert gpclab._COMPILE_OPT in levels and int(numba.config.OPT) == before
+    other = 3 if gpclab._COMPILE_OPT != 3 else 2
+    levels.clear()
+    monkeypatch.setenv("NUMBA_OPT", str(other))
+    monkeypatch.setattr(numba.config, "OPT", numba.config._OptLevel(other))
+    assert gpclab.njit(cache=True)(two)(1.0) == 3.0
+    assert other in levels and gpclab._COMPILE_OPT not in levels, levels
+    gpclab._cache_dirs.cache_clear()
+
+
+SAVE_MISSING = r"""
+import glob, os
+import gpclab
+gpclab._compile_all(["laplace"], log=lambda s: None)
+index = glob.glob(os.path.join(os.environ["NUMBA_CACHE_DIR"], "**", "*.laplace_mode-*.nbi"), recursive=True)
+os.remove(index[0])
+print(gpclab._save_missing_overloads(), gpclab._save_missing_overloads(), len(glob.glob(os.path.dirname(index[0]) + "/*.laplace_mode-*.nbi")))
+"""
+
+
+def test_the_compile_check_saves_again_what_the_cache_index_lost(tmp_path):
+    """The check of `python -m gpclab compile` for the functions its own process compiled: a cache
+    index entry that is missing (here deleted) is written again from memory, once."""
+    site = tmp_path / "site"
+    site.mkdir()
+    shutil.copy(os.path.join(ROOT, "gpclab.py"), site)
+    env = _env(str(tmp_path / "home"), PYTHONPATH=str(site), NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-c", SAVE_MISSING], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    first, second, files = map(int, r.stdout.split()[-3:])
+    assert first >= 1 and second == 0 and files == 1

@@ -60,7 +60,8 @@ def test_predictive_mean_and_covariance_equal_naive_dense(C):
     K_star = np.stack([gpclab.kernel_matrix("se", X, Xs, h[c]) for c in range(C)])
     kss = np.stack([gpclab.kernel_diag("se", Xs, h[c]) + 0.1 for c in range(C)])  # same jitter as K: x_* has its own noise-free value
     _, mu, Sig = gpclab.laplace_predict_multiclass(K, y, res.f_hat, K_star, kss, 10)
-    _, mu2, Sig2 = gpclab.laplace_predict_multiclass(K, y, res.f_hat, K_star, kss, 10, 0, res.E, res.M)
+    _, mu2, Sig2 = gpclab.laplace_predict_multiclass(K, y, res.f_hat, K_star, kss, 10, 0, res.E, res.M,
+                                                     gpclab.multiclass_G(res.E, res.M))   # G unused: per-class k_*
     for j in range(3):
         m_ref, c_ref = naive.multiclass_predict(K, y, res.f_hat, K_star[:, :, j], kss[:, j])
         np.testing.assert_allclose(mu[:, j], m_ref, rtol=1e-8, atol=1e-10)
@@ -97,7 +98,7 @@ def test_classifier_keeps_G_and_predicts_as_the_public_function():
     labels = np.argmax(y, axis=0)
     model = gpclab.GPClassifier(log_hyp=h[0], optimize=False, n_samples=200).fit(X, labels)
     np.testing.assert_allclose(model.G_, gpclab.multiclass_G(model.result_.E, model.result_.M))
-    Xs = np.random.default_rng(1).standard_normal((50, 2))
+    Xs = np.random.default_rng(1).standard_normal((20, 2))   # m < n: the public call does not make G itself
     Ks = np.stack([gpclab.kernel_matrix("se", X, Xs, h[0])] * 3)
     kss = np.stack([gpclab.kernel_diag("se", Xs, h[0])] * 3)
     p, _, _ = gpclab.laplace_predict_multiclass(model.K_, model.y_train_, model.f_hat_, Ks, kss, 200)
