@@ -214,20 +214,25 @@ print(json.dumps({k: sorted(v) for k, v in seen.items()}))
 """
 
 
+def _run_on_a_copy(tmp_path, code):
+    """Run code in a fresh process on a copy of gpclab.py with an empty cache of its own; its stdout."""
+    site = tmp_path / "site"
+    site.mkdir()
+    shutil.copy(os.path.join(ROOT, "gpclab.py"), site)
+    env = _env(str(tmp_path / "home"), PYTHONPATH=str(site), NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=1200)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
 def test_every_path_compiles_each_function_for_one_type_only(tmp_path):
     """Every numba function of gpclab, internal helpers included, is compiled for one combination of
     argument types on all the paths of `python -m gpclab compile`. That keeps compilation short, and it
     keeps the cache consistent when worker processes compile at once: numba's cache index is not
     locked, and two processes saving different types of one function at the same moment could leave an
     entry pointing at the other's code; saving the same type twice is harmless."""
-    site = tmp_path / "site"
-    site.mkdir()
-    shutil.copy(os.path.join(ROOT, "gpclab.py"), site)
-    env = _env(str(tmp_path / "home"), PYTHONPATH=str(site), NUMBA_CACHE_DIR=str(tmp_path / "cache"))
-    r = subprocess.run([sys.executable, "-c", ONE_TYPE_EACH], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=1200)
-    assert r.returncode == 0, r.stderr
-    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    seen = json.loads(_run_on_a_copy(tmp_path, ONE_TYPE_EACH).strip().splitlines()[-1])
     assert {"laplace_mode", "ep", "ais", "_ais_temperatures", "laplace_mode_multiclass", "em_ep_grad",
             "elliptical_slice_latent", "_current_column", "averaged_probability"} <= set(seen)
     several = {k: v for k, v in seen.items() if len(v) > 1}
@@ -308,12 +313,5 @@ print(gpclab._save_missing_overloads(), gpclab._save_missing_overloads(), len(gl
 def test_the_compile_check_saves_again_what_the_cache_index_lost(tmp_path):
     """The check of `python -m gpclab compile` for the functions its own process compiled: a cache
     index entry that is missing (here deleted) is written again from memory, once."""
-    site = tmp_path / "site"
-    site.mkdir()
-    shutil.copy(os.path.join(ROOT, "gpclab.py"), site)
-    env = _env(str(tmp_path / "home"), PYTHONPATH=str(site), NUMBA_CACHE_DIR=str(tmp_path / "cache"))
-    r = subprocess.run([sys.executable, "-c", SAVE_MISSING], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=900)
-    assert r.returncode == 0, r.stderr
-    first, second, files = map(int, r.stdout.split()[-3:])
+    first, second, files = map(int, _run_on_a_copy(tmp_path, SAVE_MISSING).split()[-3:])
     assert first >= 1 and second == 0 and files == 1
