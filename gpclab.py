@@ -239,9 +239,10 @@ class _SharedCache(_caching.FunctionCache):
 
 
 # LLVM's optimisation level for gpclab's functions. At numba's default (3) every public
-# path takes 53 s to compile on two 2020s cores, at 1 it takes 41 s, and the compiled code
-# runs as fast (within 5% on ep, laplace_mode(_multiclass), the multi-class predictions,
-# AIS, the samplers; benchmarks/bench_startup.py). NUMBA_OPT, if set, is obeyed instead.
+# path took 53 s to compile in one process on the development machine, at 1 it took 41 s,
+# and the compiled code ran as fast (one BLAS thread, best of 15 runs, within 4% on ep,
+# laplace_mode, laplace_mode_multiclass, the multi-class predictions, AIS, HMC and the
+# samplers). NUMBA_OPT, if set, is obeyed instead.
 _COMPILE_OPT = 1
 
 
