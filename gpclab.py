@@ -5149,9 +5149,10 @@ def _scalar_number(value, name, ctx, integer):
                                     f"got {type(value).__name__}{hint}")
     if integer:
         if not isinstance(value, (int, np.integer)):
-            if float(value).is_integer():
-                return int(value)
-            _fail(TypeError, ctx, name, f"must be an integer, got {value!r}")
+            if not float(value).is_integer():
+                _fail(TypeError, ctx, name, f"must be an integer, got {value!r}")
+        if not -2 ** 63 <= int(value) < 2 ** 63:
+            _fail(ValueError, ctx, name, f"must be an integer that fits in 64 bits, got {value!r}")
         return int(value)
     return float(value)
 
@@ -5209,7 +5210,10 @@ def _as_float_array(value, name, ctx):
     if a.dtype.kind not in "biuf":
         _fail(TypeError, ctx, name, f"must be an array of real numbers, got dtype {a.dtype}"
                                     + (" (ragged or mixed input?)" if a.dtype == object else ""))
-    return np.asarray(a, dtype=np.float64, order="C")         # (ascontiguousarray would make 0-D 1-D)
+    a = np.asarray(a, dtype=np.float64, order="C")            # (ascontiguousarray would make 0-D 1-D)
+    if not a.flags.writeable:                                 # read-only (pandas 3, np.broadcast_to):
+        a = a.copy()                                          # numba would compile a second version
+    return a
 
 
 def _check_shape(a, dims, name, ctx):
@@ -5240,43 +5244,100 @@ def _first_bad(mask):
     return tuple(int(i) for i in np.argwhere(mask)[0])
 
 
-def _check_symmetric(a, name, ctx):
+_PSD_PROOF_N = 300        # psd proved by a Cholesky of A + jitter at the door up to this n (< 1 ms)
+
+
+@njit(cache=True)
+def _square_defect(A, jitter):
+    """One pass over the lower triangle of a square matrix A: (kind, i, j) of its worst defect.
+
+    kind 0: none; 1: asymmetric, |A_ij - A_ji| > _SYM_RTOL max|A| (the largest gap); 2: a
+    negative diagonal entry; 3: a 2 x 2 principal minor of A + jitter I below 0,
+    A_ij^2 > (A_ii + jitter)(A_jj + jitter) (a necessary condition for psd, O(n^2)).
+    """
+    n = A.shape[0]
+    scale = 0.0
+    for i in range(n):
+        for j in range(n):
+            scale = max(scale, abs(A[i, j]))
+    gap, gi, gj = 0.0, 0, 0
+    for i in range(n):
+        for j in range(i):
+            g = abs(A[i, j] - A[j, i])
+            if g > gap:
+                gap, gi, gj = g, i, j
+    if gap > _SYM_RTOL * scale:
+        return 1, gi, gj
+    for i in range(n):
+        if A[i, i] < 0.0:
+            return 2, i, i
+    for i in range(n):
+        for j in range(i):
+            if A[i, j] * A[i, j] > (A[i, i] + jitter) * (A[j, j] + jitter):
+                return 3, i, j
+    return 0, 0, 0
+
+
+def _square_matrices(a, name, ctx):
     if a.size == 0:
-        return
-    for A in a.reshape(-1, a.shape[-2], a.shape[-1]):
-        if A.shape[0] != A.shape[1]:
-            _fail(ValueError, ctx, name, f"must be square, got shape {a.shape}")
-        gap = np.abs(A - A.T)
-        scale = np.abs(A).max() if A.size else 0.0
-        if gap.max(initial=0.0) > _SYM_RTOL * scale:
-            i, j = _first_bad(gap == gap.max())
-            _fail(ValueError, ctx, name, f"must be symmetric (to a relative tolerance {_SYM_RTOL:g}), "
-                                         f"got {name}[{i}, {j}] = {A[i, j]:.6g} but "
-                                         f"{name}[{j}, {i}] = {A[j, i]:.6g}")
+        return []
+    if a.shape[-1] != a.shape[-2]:
+        _fail(ValueError, ctx, name, f"must be square, got shape {a.shape}")
+    return list(a.reshape(-1, a.shape[-2], a.shape[-1]))
+
+
+def _asymmetry_message(A, i, j, name):
+    return (f"must be symmetric (to a relative tolerance {_SYM_RTOL:g}), got {name}[{i}, {j}] = "
+            f"{A[i, j]:.6g} but {name}[{j}, {i}] = {A[j, i]:.6g}")
+
+
+def _check_symmetric(a, name, ctx):
+    for A in _square_matrices(a, name, ctx):
+        kind, i, j = _square_defect(A, np.inf)             # infinite jitter: minors never fail
+        if kind == 1:
+            _fail(ValueError, ctx, name, _asymmetry_message(A, i, j, name))
+
+
+def _not_psd_message(A, name):
+    """The message for a matrix A that is not positive semidefinite, or None if it is (to jitter)."""
+    n = A.shape[0]
+    d = np.diagonal(A)
+    jitter = _PSD_JITTER * max(d.max(), 1e-300)
+    try:
+        np.linalg.cholesky(A + jitter * np.eye(n))
+        return None
+    except np.linalg.LinAlgError:
+        low = np.linalg.eigvalsh(A)[0]
+        return (f"must be positive semidefinite (a covariance matrix): its smallest eigenvalue is "
+                f"{low:.3g}, and {name} + {_PSD_JITTER:g} max(diag {name}) I has no Cholesky factor. "
+                f"Build it with kernel_matrix, or add jitter to its diagonal, or choose other "
+                f"hyperparameters")
 
 
 def _check_psd(a, name, ctx):
-    _check_symmetric(a, name, ctx)
-    if a.size == 0:
-        return
-    for A in a.reshape(-1, a.shape[-2], a.shape[-1]):
+    """Symmetric, non-negative diagonal, 2 x 2 minors >= 0 (all O(n^2)); for n <= _PSD_PROOF_N
+    also a Cholesky factor of A + jitter I. A larger A that passes is proved or refuted by the
+    algorithm's own factorisations: PublicFunction turns their failure into this same message."""
+    for A in _square_matrices(a, name, ctx):
         n = A.shape[0]
         if n == 0:
             continue
-        d = np.diagonal(A)
-        if d.min() < 0:
+        jitter = _PSD_JITTER * max(np.diagonal(A).max(), 1e-300)
+        kind, i, j = _square_defect(A, jitter)
+        if kind == 1:
+            _fail(ValueError, ctx, name, _asymmetry_message(A, i, j, name))
+        if kind == 2:
             _fail(ValueError, ctx, name, f"must be positive semidefinite, but its diagonal has "
-                                         f"{d.min():.6g} < 0 at {int(np.argmin(d))}")
-        jitter = _PSD_JITTER * max(d.max(), 1e-300)
-        try:
-            np.linalg.cholesky(A + jitter * np.eye(n))
-        except np.linalg.LinAlgError:
-            low = np.linalg.eigvalsh(A)[0]
-            _fail(ValueError, ctx, name, f"must be positive semidefinite (a covariance matrix): its "
-                                         f"smallest eigenvalue is {low:.3g}, and {name} + "
-                                         f"{_PSD_JITTER:g} max(diag {name}) I has no Cholesky "
-                                         f"factor. Build it with kernel_matrix, or add jitter to "
-                                         f"its diagonal, or choose other hyperparameters")
+                                         f"{A[i, i]:.6g} < 0 at {i}")
+        if kind == 3:
+            _fail(ValueError, ctx, name, f"must be positive semidefinite (a covariance matrix), but "
+                                         f"{name}[{i}, {j}]^2 = {A[i, j] ** 2:.6g} exceeds "
+                                         f"{name}[{i}, {i}] {name}[{j}, {j}] = {A[i, i] * A[j, j]:.6g} "
+                                         f"(a correlation above 1). Build it with kernel_matrix")
+        if n <= _PSD_PROOF_N:
+            message = _not_psd_message(A, name)
+            if message:
+                _fail(ValueError, ctx, name, message)
 
 
 def _values(test, what, hint=None):
@@ -5530,11 +5591,25 @@ class PublicFunction:
         try:
             return self._run(bound)
         except np.linalg.LinAlgError as e:
-            what = " and ".join(self._psd) or "the covariance"
-            raise ValueError(f"{self.__name__}: a Cholesky factorisation failed ({e}): {what} "
-                             f"must be positive definite enough for this step. Add jitter to "
-                             f"the diagonal (e.g. K + 1e-8 * np.eye(n) * K.diagonal().mean()) "
-                             f"or choose other hyperparameters") from None
+            raise self._factorisation_failed(bound.arguments, e) from None
+
+    def _factorisation_failed(self, arguments, e):
+        """The one message for a Cholesky factorisation that failed inside a body: a covariance
+        argument too large for the door's proof (n > _PSD_PROOF_N) that is not positive
+        semidefinite is named as such; otherwise the step needs a better-conditioned matrix."""
+        for name in self._psd:
+            a = arguments[name]
+            if "psd" not in self.spec_text[name].split() or a is None or a.size == 0:
+                continue
+            for A in a.reshape(-1, a.shape[-2], a.shape[-1]):
+                message = _not_psd_message(A, name) if A.shape[0] > _PSD_PROOF_N else None
+                if message:
+                    return ValueError(f"{self.__name__}: {name} {message}")
+        what = " and ".join(self._psd) or "the covariance"
+        return ValueError(f"{self.__name__}: a Cholesky factorisation failed ({e}): {what} "
+                          f"must be positive definite enough for this step. Add jitter to "
+                          f"the diagonal (e.g. K + 1e-8 * np.eye(n) * K.diagonal().mean()) "
+                          f"or choose other hyperparameters")
 
     def unchecked(self, *args, **kwargs):
         """The call without checks. The arguments are only brought to the types that the

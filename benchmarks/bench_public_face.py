@@ -6,7 +6,8 @@
    USPS 3-vs-5 problem): ratio = with checks / without, least CPU time of several runs with
    one BLAS thread (CPU time rather than wall time: other work on the machine disturbs less).
 2. Argument checks. gpclab.f(...) against gpclab.f.unchecked(...) (the same njit call
-   without conversion and checks: symmetric and positive-semidefinite K costs a Cholesky).
+   without conversion and checks). A covariance argument costs one O(n^2) pass (symmetry,
+   diagonal, 2 x 2 minors) and, up to n = 300, a Cholesky that proves it positive semidefinite.
 3. Interrupt latency: SIGINT to a subprocess in the middle of each call, time until the
    KeyboardInterrupt arrives (tests/test_interrupt.py does the same, for more calls).
 
@@ -54,6 +55,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=767)
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--checks-only", action="store_true", help="only section 2, the argument checks")
     args = ap.parse_args()
     n = args.n
     r = np.random.default_rng(0)
@@ -73,7 +75,7 @@ def main():
     print(f"n = {n}; load average {os.getloadavg()[0]:.1f} (timings are disturbed by other work)")
     print("\n1. interrupt checks (with / without, best of %d):" % args.reps)
     for name, (f, a) in cases.items():
-        if name.startswith("ais"):
+        if name.startswith("ais") or args.checks_only:
             continue   # ais's blocks are a parallel loop: compare the blocked and unblocked forms
         plain = without_checks(f)
         f.unchecked(*a)
@@ -85,10 +87,23 @@ def main():
         print(f"   {name:28s} {min(t_with) * 1e3:9.2f} ms  {min(t_without) * 1e3:9.2f} ms  "
               f"ratio {min(t_with) / min(t_without):.3f}")
     print("\n2. argument checks (checked / unchecked call, best of %d):" % args.reps)
-    for name, (f, a) in cases.items():
-        t_c = best(lambda: f(*a), args.reps)
-        t_u = best(lambda: f.unchecked(*a), args.reps)
-        print(f"   {name:28s} {t_c * 1e3:9.2f} ms  {t_u * 1e3:9.2f} ms  ratio {t_c / t_u:.3f}")
+    C, m = 3, 200
+    labels = np.argmax(np.stack([X[:, 0], X[:, 1], -X[:, 0] - X[:, 1]]), axis=0)
+    Y = gpclab.one_hot(labels, C)
+    KC = np.stack([K] * C)
+    Xs = r.standard_normal((m, 3))
+    Ks = np.stack([gpclab.kernel_matrix("se", X, Xs, h)] * C)
+    kss = np.stack([gpclab.kernel_diag("se", Xs, h)] * C)
+    f_hat = gpclab.laplace_mode_multiclass(KC, Y).f_hat
+    checked = dict(cases)
+    checked["laplace_predict_multiclass (C = 3, m = 200)"] = (
+        gpclab.laplace_predict_multiclass, (KC, Y, f_hat, Ks, kss), dict(S=100, seed=0))
+    for name, case in checked.items():
+        f, a, kw = case if len(case) == 3 else case + ({},)
+        f(*a, **kw)
+        t_c = best(lambda: f(*a, **kw), args.reps)
+        t_u = best(lambda: f.unchecked(*a, **kw), args.reps)
+        print(f"   {name:44s} {t_c * 1e3:9.2f} ms  {t_u * 1e3:9.2f} ms  ratio {t_c / t_u:.3f}")
     del L
 
 

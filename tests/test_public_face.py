@@ -512,3 +512,51 @@ def test_zero_one_labels_get_a_conversion_hint():
     with pytest.raises(ValueError, match=r"got 2 at index 1$"):        # not 0/1 labels: no hint
         gpclab.ep(K, [1, 2, -1])
 
+
+
+def test_large_indefinite_K_is_named_when_the_algorithm_factorisation_fails():
+    """Above _PSD_PROOF_N the door checks symmetry, the diagonal and the 2 x 2 minors only (O(n^2));
+    a K that passes them but is indefinite is named when the algorithm's own Cholesky fails."""
+    n = gpclab._PSD_PROOF_N + 20
+    r = np.random.default_rng(3)
+    Q, _ = np.linalg.qr(r.standard_normal((n, n)))
+    lam = np.linspace(1.0, 2.0, n)
+    lam[0] = -0.5                                             # one negative eigenvalue
+    K = 100 * (Q * lam) @ Q.T
+    K = (K + K.T) / 2
+    d = np.sqrt(np.diag(K))
+    assert np.all(np.abs(K) <= np.outer(d, d) * (1 + 1e-12))  # the 2 x 2 minors do not show it
+    y = np.where(r.standard_normal(n) > 0, 1.0, -1.0)
+    with pytest.raises(ValueError, match=r"laplace_mode: K must be positive semidefinite .*smallest "
+                                         r"eigenvalue is -50"):
+        gpclab.laplace_mode(K, y, "logistic")
+    # a matrix of the same kind at the size the door proves is refused before the body runs
+    m = gpclab._PSD_PROOF_N
+    Qm, _ = np.linalg.qr(r.standard_normal((m, m)))
+    Km = 100 * (Qm * lam[:m]) @ Qm.T
+    Km = (Km + Km.T) / 2
+    with pytest.raises(ValueError, match="K must be positive semidefinite .*smallest eigenvalue is -50"):
+        gpclab.laplace_mode(Km, y[:m], "logistic", max_iter=0)
+
+
+def test_read_only_arrays_use_the_same_compiled_code():
+    """pandas 3 and np.broadcast_to hand out read-only arrays; numba would compile a second version
+    of each function for them. The face copies them, so the one compilation serves both."""
+    X, y = np.random.default_rng(0).standard_normal((20, 2)), np.repeat([1.0, -1.0], 10)
+    K = gpclab.kernel_matrix("se", X, X, np.zeros(2))
+    expected = gpclab.laplace_mode(K, y, "logistic")
+    before = len(gpclab.laplace_mode.signatures)
+    K_ro, y_ro = K.copy(), y.copy()
+    K_ro.flags.writeable = False
+    y_ro.flags.writeable = False
+    got = gpclab.laplace_mode(K_ro, y_ro, "logistic")
+    assert len(gpclab.laplace_mode.signatures) == before
+    assert np.array_equal(got.f_hat, expected.f_hat) and got.log_q == expected.log_q
+
+
+@pytest.mark.parametrize("value", [2 ** 63, -2 ** 63 - 1, 2 ** 64, float(2 ** 70)])
+def test_integers_beyond_64_bits_are_refused(value):
+    X, y = np.random.default_rng(0).standard_normal((6, 2)), np.repeat([1.0, -1.0], 3)
+    K = gpclab.kernel_matrix("se", X, X, np.zeros(2))
+    with pytest.raises(ValueError, match="laplace_mode: max_iter must be an integer that fits in 64 bits"):
+        gpclab.laplace_mode(K, y, "logistic", max_iter=value)
