@@ -63,8 +63,10 @@ Glossary (code name: book symbol):
     of the multi-class difference latents g (K&G 43)
 """
 
+import inspect
 import math
 import os
+import re
 import warnings
 from collections import namedtuple
 
@@ -3198,6 +3200,250 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
 # ############################################################################
 # PART II. USING IT: GPClassifier, ML-II, grids, scores, data (no numba)
 # ############################################################################
+
+# ============================================================================
+# The algorithm boxes beside their code: BOXES, box_labels, show_box
+# ============================================================================
+#
+# The pseudocode of each box, transcribed from GPML chapter 3 and K&R (2005) line by line
+# with its line numbers (the book prints them on even lines only). "moved" names the box
+# lines that the code does elsewhere than the box, with the reason; tests/test_boxes.py
+# checks that every other line has exactly one labelled code line, in the book's order.
+
+BOXES = {
+    "3.1": {
+        "title": "Mode-finding for binary Laplace GPC",
+        "source": "GPML Algorithm 3.1",
+        "function": "laplace_mode",
+        "lines": (
+            (1, "input: K (covariance matrix), y (±1 targets), p(y|f) (likelihood function)"),
+            (2, "f := 0                                  initialization"),
+            (3, "repeat                                  Newton iteration"),
+            (4, "  W := −∇∇ log p(y|f)                   eval. W e.g. using eq. (3.15) or (3.16)"),
+            (5, "  L := cholesky(I + W^½ K W^½)          B = I + W^½ K W^½"),
+            (6, "  b := W f + ∇ log p(y|f)               eq. (3.18) using eq. (3.27)"),
+            (7, "  a := b − W^½ L^T\\(L\\(W^½ K b))"),
+            (8, "  f := K a"),
+            (9, "until convergence                       objective: −½ a^T f + log p(y|f)"),
+            (10, "log q(y|X, θ) := −½ a^T f + log p(y|f) − ∑_i log L_ii  eq. (3.32)"),
+            (11, "return: f̂ := f (post. mode), log q(y|X, θ) (approx. log marg. likelihood)"),
+        ),
+    },
+    "3.2": {
+        "title": "Predictions for binary Laplace GPC",
+        "source": "GPML Algorithm 3.2",
+        "function": "laplace_predict",
+        "lines": (
+            (1, "input: f̂ (mode), X (inputs), y (±1 targets), k (covariance function), p(y|f) (likelihood function), x∗ test input"),
+            (2, "W := −∇∇ log p(y|f̂)"),
+            (3, "L := cholesky(I + W^½ K W^½)            B = I + W^½ K W^½"),
+            (4, "f̄∗ := k(x∗)^T ∇ log p(y|f̂)              eq. (3.21)"),
+            (5, "v := L\\(W^½ k(x∗))                      eq. (3.24) using eq. (3.29)"),
+            (6, "V[f∗] := k(x∗, x∗) − v^T v"),
+            (7, "π̄∗ := ∫ σ(z) N(z|f̄∗, V[f∗]) dz          eq. (3.25)"),
+            (8, "return: π̄∗ (predictive class probability (for class 1))"),
+        ),
+    },
+    "3.3": {
+        "title": "Mode-finding for multi-class Laplace GPC",
+        "source": "GPML Algorithm 3.3",
+        "function": "laplace_mode_multiclass",
+        "lines": (
+            (1, "input: K (covariance matrix), y (0/1 targets)"),
+            (2, "f := 0                                  initialization"),
+            (3, "repeat                                  Newton iteration"),
+            (4, "  compute π and Π from f with eq. (3.34) and defn. of Π under eq. (3.38)"),
+            (5, "  for c := 1 . . . C do"),
+            (6, "    L := cholesky(I_n + D_c^½ K_c D_c^½)"),
+            (7, "    E_c := D_c^½ L^T\\(L\\D_c^½)          E is block diag. D^½ (I_Cn + D^½ K D^½)^−1 D^½"),
+            (8, "    z_c := ∑_i log L_ii                 compute ½ log determinant"),
+            (9, "  end for"),
+            (10, "  M := cholesky(∑_c E_c)"),
+            (11, "  b := (D − Π Π^T) f + y − π            b = W f + y − π from eq. (3.39)"),
+            (12, "  c := E K b                            eq. (3.39) using eq. (3.45) and (3.47)"),
+            (13, "  a := b − c + E R M^T\\(M\\(R^T c))"),
+            (14, "  f := K a"),
+            (15, "until convergence                       objective: −½ a^T f + y^T f + ∑_i log(∑_c exp(f_c^i))"),
+            (16, "log q(y|X, θ) := −½ a^T f + y^T f + ∑_i log(∑_c exp(f_c^i)) − ∑_c z_c  eq. (3.44)"),
+            (17, "return: f̂ := f (post. mode), log q(y|X, θ) (approx. log marg. likelihood)"),
+        ),
+    },
+    "3.4": {
+        "title": "Predictions for multi-class Laplace GPC",
+        "source": "GPML Algorithm 3.4",
+        "function": "laplace_predict_multiclass",
+        "lines": (
+            (1, "input: K (covariance matrix), f̂ (posterior mode), x∗ (test input)"),
+            (2, "compute π and Π from f̂ using eq. (3.34) and defn. of Π under eq. (3.38)"),
+            (3, "for c := 1 . . . C do"),
+            (4, "  L := cholesky(I_n + D_c^½ K_c D_c^½)"),
+            (5, "  E_c := D_c^½ L^T\\(L\\D_c^½)            E is block diag. D^½ (I_Cn + D^½ K D^½)^−1 D^½"),
+            (6, "end for"),
+            (7, "M := cholesky(∑_c E_c)"),
+            (8, "for c := 1 . . . C do"),
+            (9, "  μ_∗^c := (y^c − π^c)^T k_∗^c          latent test mean from eq. (3.41)"),
+            (10, "  b := E_c k_∗^c"),
+            (11, "  c := E_c (R (M^T\\(M\\(R^T b))))"),
+            (12, "  for c′ := 1 . . . C do                latent test covariance from eq. (3.43)"),
+            (13, "    Σ_cc′ := c^T k_∗^c′"),
+            (14, "  end for"),
+            (15, "  Σ_cc := Σ_cc + k_c(x∗, x∗) − b^T k_∗^c"),
+            (16, "end for"),
+            (17, "π∗ := 0                                 initialize Monte Carlo loop to estimate"),
+            (18, "for i := 1 : S do                       predictive class probabilities using S samples"),
+            (19, "  f∗ ∼ N(μ∗, Σ)                         sample latent values from joint Gaussian posterior"),
+            (20, "  π∗ := π∗ + exp(f_∗^c)/∑_c′ exp(f_∗^c′)  accumulate probability eq. (3.34)"),
+            (21, "end for"),
+            (22, "π̄∗ := π∗/S                              normalize MC estimate of prediction vector"),
+            (23, "return: E_q(f)[π(f(x∗))|x∗, X, y] := π̄∗ (predicted class probability vector)"),
+        ),
+    },
+    "3.5": {
+        "title": "Expectation Propagation for binary classification",
+        "source": "GPML Algorithm 3.5",
+        "function": "ep",
+        "lines": (
+            (1, "input: K (covariance matrix), y (±1 targets)"),
+            (2, "ν̃ := 0, τ̃ := 0, Σ := K, μ := 0          initialization and eq. (3.53)"),
+            (3, "repeat"),
+            (4, "  for i := 1 to n do"),
+            (5, "    τ_−i := σ_i^−2 − τ̃_i                compute approximate cavity parameters ν_−i and τ_−i using eq. (3.56)"),
+            (6, "    ν_−i := σ_i^−2 μ_i − ν̃_i"),
+            (7, "    compute the marginal moments μ̂_i and σ̂_i^2 using eq. (3.58)"),
+            (8, "    Δτ̃ := σ̂_i^−2 − τ_−i − τ̃_i and τ̃_i := τ̃_i + Δτ̃  update site parameters τ̃_i and ν̃_i using eq. (3.59)"),
+            (9, "    ν̃_i := σ̂_i^−2 μ̂_i − ν_−i"),
+            (10, "    Σ := Σ − ((Δτ̃)^−1 + Σ_ii)^−1 s_i s_i^T  update Σ and μ by eq. (3.70) and eq. (3.53). s_i is column i of Σ"),
+            (11, "    μ := Σ ν̃"),
+            (12, "  end for"),
+            (13, "  L := cholesky(I_n + S̃^½ K S̃^½)        re-compute the approximate posterior parameters Σ and μ using eq. (3.53) and eq. (3.68)"),
+            (14, "  V := L^T\\S̃^½ K"),
+            (15, "  Σ := K − V^T V and μ := Σ ν̃"),
+            (16, "until convergence"),
+            (17, "compute log Z_EP using eq. (3.65), (3.73) and (3.74) and the existing L"),
+            (18, "return: ν̃, τ̃ (natural site param.), log Z_EP (approx. log marg. likelihood)"),
+        ),
+    },
+    "3.6": {
+        "title": "Predictions for expectation propagation",
+        "source": "GPML Algorithm 3.6",
+        "function": "ep_predict",
+        "lines": (
+            (1, "input: ν̃, τ̃ (natural site param.), X (inputs), y (±1 targets), k (covariance function), x∗ test input"),
+            (2, "L := cholesky(I_n + S̃^½ K S̃^½)          B = I_n + S̃^½ K S̃^½"),
+            (3, "z := S̃^½ L^T\\(L\\(S̃^½ K ν̃))              eq. (3.60) using eq. (3.71)"),
+            (4, "f̄∗ := k(x∗)^T (ν̃ − z)"),
+            (5, "v := L\\(S̃^½ k(x∗))                      eq. (3.61) using eq. (3.72)"),
+            (6, "V[f∗] := k(x∗, x∗) − v^T v"),
+            (7, "π̄∗ := Φ(f̄∗/√(1 + V[f∗]))                eq. (3.63)"),
+            (8, "return: π̄∗ (predictive class probability (for class 1))"),
+        ),
+    },
+    "AIS": {
+        "title": "Annealed Importance Sampling",
+        "source": "Kuss & Rasmussen (2005), Algorithm 3",
+        "function": "ais",
+        "lines": (
+            (1, "Given: Temperature schedule τ"),
+            (2, "for r = 1, . . . , R do"),
+            (3, "  Sample f_0 from the prior N(f|0, K)"),
+            (4, "  for t = 1, . . . , T do"),
+            (5, "    Sample f_t from q(f|D, τ(t), θ) by HMC"),
+            (6, "    Compute ln(Z_t/Z_{t−1}) using (31)"),
+            (7, "  end for"),
+            (8, "  Compute Z_r using (32)"),
+            (9, "end for"),
+            (10, "Return ln Z = ln((1/R) ∑_{r=1}^R Z_r)"),
+        ),
+    },
+}
+
+_LABEL = re.compile(r"#\s*lines?\s+(\d+)(?:\s*-\s*(\d+))?\s*:\s*(.*)$")
+
+
+def _box(name):
+    key = str(name).replace("Algorithm", "").replace("Alg.", "").strip()
+    if key.lower() in ("ais", "k&r 3", "kr3"):
+        key = "AIS"
+    if key not in BOXES:
+        raise ValueError(f"show_box: no box {name!r}; choose one of {', '.join(map(repr, BOXES))}")
+    return key, BOXES[key]
+
+
+def box_labels(name):
+    """The labelled code lines of a box's function: a list of (first, last, code, label text),
+    in the order of the source, for each trailing comment `# line N: ...` or `# lines N-M: ...`."""
+    _, box = _box(name)
+    fn = globals()[box["function"]]
+    source = inspect.getsource(getattr(fn, "py_func", fn))
+    out = []
+    for line in source.splitlines():
+        code, hash_, comment = line.partition("#")
+        match = _LABEL.match(hash_ + comment) if code.strip() else None
+        if match:
+            first = int(match.group(1))
+            last = int(match.group(2) or first)
+            out.append((first, last, code.rstrip(), match.group(3).strip()))
+    return out
+
+
+class _BoxView:
+    """A box beside its code: printed as text, shown as a two-column table in a notebook."""
+
+    def __init__(self, key, box):
+        self.key, self.box = key, box
+        labels = box_labels(key)
+        self.rows = []
+        for number, text in box["lines"]:
+            code = [c for first, last, c, _ in labels if first <= number <= last]
+            first_of = [c for first, last, c, _ in labels if first == number]
+            shown = first_of if first_of else ([] if code else code)
+            if code and not first_of:
+                shown = ["  (with the line above)"]
+            self.rows.append((number, text, shown, box.get("moved", {}).get(number)))
+
+    def __str__(self):
+        head = f"{self.box['source']}: {self.box['title']}    ->  gpclab.{self.box['function']}"
+        split = []
+        for _, text, _, _ in self.rows:
+            indent = text[:len(text) - len(text.lstrip())]
+            statement, *note = re.split(r"\s{2,}", text.strip(), maxsplit=1)
+            split.append((indent + statement, note[0] if note else ""))
+        width = max(len(st) for st, _ in split if not st.startswith(("input:", "Given:"))) + 6
+        out = [head, "=" * len(head)]
+        for (number, text, code, moved), (statement, note) in zip(self.rows, split):
+            right = [c.strip() for c in code] or [""]
+            left = f"{number:>3}  {statement}"
+            out.append(f"{left:<{width}}| {right[0]}" + (f"    [{note}]" if note else ""))
+            out.extend(f"{'':<{width}}| {c}" for c in right[1:])
+            if moved:
+                out.append(f"{'':<{width}}|   (done out of the box's order: {moved})")
+        return "\n".join(out)
+
+    __repr__ = __str__
+
+    def _repr_html_(self):
+        import html
+        cell = 'style="text-align:left; vertical-align:top; font-family:monospace; white-space:pre"'
+        rows = [f"<tr><th {cell}>{self.box['source']}: {html.escape(self.box['title'])}</th>"
+                f"<th {cell}>gpclab.{self.box['function']}</th></tr>"]
+        for number, text, code, moved in self.rows:
+            right = "<br>".join(html.escape(c.strip()) for c in code)
+            if moved:
+                right += f"<br><i>done out of the box's order: {html.escape(moved)}</i>"
+            rows.append(f"<tr><td {cell}>{number:>2}  {html.escape(text)}</td><td {cell}>{right}</td></tr>")
+        return "<table>" + "".join(rows) + "</table>"
+
+
+def show_box(name):
+    """An algorithm box beside the code lines that carry its line labels.
+
+    name: "3.1" ... "3.6" (GPML Algorithms 3.1-3.6) or "AIS" (Kuss & Rasmussen's Algorithm 3).
+    In a notebook the result shows as a two-column table; print() gives the same as text.
+
+    Used in: lectures/sec3_04_binary_laplace.ipynb, sec3_05, sec3_06, sec3_08.
+    """
+    return _BoxView(*_box(name))
+
 
 _KERNELS = ("se", "ard", "kg", "kg_iso")
 _LIKELIHOODS = ("logistic", "probit", "step")
