@@ -5800,6 +5800,42 @@ def _caused_by_interrupt(e):
     return False
 
 
+_BLAS_ONE_THREAD_BELOW = 1500    # arrays with every dimension below this: one BLAS thread
+_blas_libraries = []
+
+
+class _blas_threads_for:
+    """One BLAS thread for the length of a call whose arrays are all smaller than
+    _BLAS_ONE_THREAD_BELOW in every dimension, then the number there was before.
+
+    Two BLAS threads pay off only from n ~ 1500 (NUMBA.md); below that OpenBLAS's threads mostly
+    spin, and on a hub where several kernels share few cores they take each other's time (four
+    students' first cells at once: 4-15 s each, 2-2.5 s with one thread). Costs ~30 us a call.
+    """
+
+    def __init__(self, values):
+        dims = [d for v in values if isinstance(v, np.ndarray) for d in v.shape]
+        self.active = bool(dims) and max(dims) < _BLAS_ONE_THREAD_BELOW
+        self.before = None
+
+    def __enter__(self):
+        if self.active:
+            if not _blas_libraries:
+                from threadpoolctl import ThreadpoolController
+                _blas_libraries.extend(c for c in ThreadpoolController().lib_controllers
+                                       if c.user_api == "blas")
+            self.before = [lib.get_num_threads() for lib in _blas_libraries]
+            for lib, n in zip(_blas_libraries, self.before):
+                if n != 1:
+                    lib.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        if self.before is not None:
+            for lib, n in zip(_blas_libraries, self.before):
+                if n != 1:
+                    lib.set_num_threads(n)
+
+
 class PublicFunction:
     """A public function of gpclab: checks and converts its arguments, calls the body.
 
@@ -5889,7 +5925,8 @@ class PublicFunction:
         if self.prepare is not None:
             self.prepare()
         try:
-            out = self.dispatcher(*bound.args, **bound.kwargs)
+            with _blas_threads_for(bound.arguments.values()):
+                out = self.dispatcher(*bound.args, **bound.kwargs)
         except Interrupted:
             raise KeyboardInterrupt(f"{self.__name__} interrupted") from None
         except SystemError as e:

@@ -9,6 +9,8 @@ non-editable installation):
    - a warmed shared cache: `python -m gpclab compile` run by the owner, then the folder
      made read-only and the user's home read-only too,
    - a warm private cache (the same user's second process);
+   - four users at once on the warmed installation, with a hub's default environment (no
+     OPENBLAS_NUM_THREADS), beside the same with gpclab's one-BLAS-thread rule switched off;
 2. the compile time of every public code path from an empty cache (`python -m gpclab
    compile`), per path, optionally beside another gpclab.py (`--reference`, e.g. an older
    version) in the same run;
@@ -40,6 +42,8 @@ t0, c0 = time.perf_counter(), time.process_time()
 import numpy as np
 import gpclab
 t_import = time.perf_counter() - t0
+if "BENCH_BLAS_BELOW" in os.environ:            # 0: gpclab leaves BLAS's threads alone (the comparison)
+    gpclab._BLAS_ONE_THREAD_BELOW = int(os.environ["BENCH_BLAS_BELOW"])
 X, y = gpclab.make_three_gaussians(seed=0)
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -57,10 +61,14 @@ def load():
     return os.getloadavg()[0]
 
 
-def env_for(home, site, **extra):
+def env_for(home, site, hub_default=False, **extra):
+    """The environment of a user's process; hub_default: no thread settings at all (as a
+    JupyterHub starts kernels), else OPENBLAS_NUM_THREADS=1 for steadier single timings."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("NUMBA_", "XDG_")) and k != "PYTHONPATH"}
-    env.update(HOME=home, PYTHONPATH=site, OPENBLAS_NUM_THREADS="1", **extra)
+           if not k.startswith(("NUMBA_", "XDG_", "OPENBLAS_", "OMP_", "MKL_")) and k != "PYTHONPATH"}
+    env.update(HOME=home, PYTHONPATH=site, **extra)
+    if not hub_default:
+        env["OPENBLAS_NUM_THREADS"] = "1"
     return env
 
 
@@ -84,6 +92,24 @@ def run_json(code, env, read_only=None):
     if out.returncode != 0:
         raise RuntimeError(out.stderr)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_at_once(code, env, read_only, k):
+    """Start k users' processes together (a busy hub); the wall seconds of each first cell."""
+    cmd = [sys.executable, "-c", code]
+    if read_only and os.geteuid() == 0:
+        cmd = ["unshare", "-m", "sh", "-c",
+               'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$1" -c "$2"',
+               read_only, sys.executable, code]
+    procs = [subprocess.Popen(cmd, env=env, cwd=env["HOME"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(k)]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate()
+        if p.returncode != 0:
+            raise RuntimeError(stderr)
+        out.append(json.loads(stdout.strip().splitlines()[-1])["wall"])
+    return out
 
 
 def compile_command(site, home, paths=()):
@@ -137,6 +163,11 @@ def first_cell(tmp):
     if os.geteuid() != 0:
         subprocess.run(["chmod", "-R", "a-w", ro], check=True)
     res["warmed shared, read-only"] = run_json(FIRST_CELL, env_for(home, site), read_only=ro)
+    for label, extra in (("4 at once, hub default", {}),
+                         ("4 at once, BLAS threads left alone", {"BENCH_BLAS_BELOW": "0"})):
+        times = run_at_once(FIRST_CELL, env_for(home, site, hub_default=True, **extra), ro, 4)
+        print(f"  {label:36s} wall " + ", ".join(f"{t:.2f}" for t in times) + " s")
+        res[label] = {"wall": max(times), "cpu": float("nan"), "import": float("nan")}
     subprocess.run(["chmod", "-R", "u+w", ro], check=True)
     for k, v in res.items():
         print(f"  {k:28s} wall {v['wall']:6.2f} s   cpu {v['cpu']:6.2f} s   "

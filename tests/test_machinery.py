@@ -83,3 +83,33 @@ def test_no_numba_internal_above_part_three():
                  "ExternalFunction", "get_cython_function_address", "config."):
         assert word not in head, f"{word} appears above Part III"
         assert word in part3 or word == "config.", word
+
+
+def test_small_problems_run_with_one_blas_thread_and_restore_the_count():
+    """On a hub, several kernels share few cores: gpclab's calls whose arrays are all smaller than
+    _BLAS_ONE_THREAD_BELOW run with one BLAS thread, and leave the count as they found it (also when
+    the call raises); larger problems keep every thread."""
+    import numpy as np
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas_threads():
+        return sorted({lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"})
+
+    def body(A, fail):
+        seen.append(blas_threads())
+        if fail:
+            raise ValueError("inside")
+        return A.shape
+
+    f = gpclab.public(A="(n, m)", fail="bool")(body)
+    big = gpclab._BLAS_ONE_THREAD_BELOW
+    with threadpool_limits(2, user_api="blas"):
+        seen = []
+        f(np.zeros((10, 10)), False)
+        assert seen == [[1]] and blas_threads() == [2]
+        with pytest.raises(ValueError, match="inside"):
+            f(np.zeros((10, 10)), True)
+        assert blas_threads() == [2]
+        seen = []
+        f(np.zeros((big, 1)), False)
+        assert seen == [[2]]
