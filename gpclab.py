@@ -5172,15 +5172,24 @@ def _writable(path):
         return False
 
 
-@lru_cache(maxsize=None)
-def _cache_dirs(py_file):
-    """(write folder or None, folders to read in order) for functions defined in py_file."""
+def _cache_candidates(py_file):
+    """The cache folders for functions defined in py_file, in the order they are tried:
+    NUMBA_CACHE_DIR (if set), the installation's __pycache__, the per-user folder."""
     sub = _caching._CacheLocator.get_suitable_cache_subpath(py_file)
     candidates = []
     if numba.config.CACHE_DIR:
         candidates.append(os.path.join(numba.config.CACHE_DIR, sub))
     candidates.append(os.path.join(os.path.dirname(os.path.abspath(py_file)), "__pycache__"))
     candidates.append(os.path.join(_AppDirs(appname="numba", appauthor=False).user_cache_dir, sub))
+    return candidates
+
+
+@lru_cache(maxsize=None)
+def _cache_dirs(py_file):
+    """(write folder or None, folders to read in order) for functions defined in py_file: new
+    compilations go to the first writable candidate, which is also read first; the other
+    candidates that exist are read after it, in the order of _cache_candidates."""
+    candidates = _cache_candidates(py_file)
     write = next((c for c in candidates if _writable(c)), None)
     read = ([write] if write else []) + [c for c in candidates if c != write and os.path.isdir(c)]
     return write, tuple(read)
@@ -5249,8 +5258,8 @@ class _SharedCache(_caching.FunctionCache):
         except OSError as e:
             if not _cache_warned:
                 _cache_warned.append(True)
-                warnings.warn(f"gpclab: cannot save compiled functions ({e}; tried "
-                              f"{', '.join(_cache_dirs(self._impl.locator._py_file)[1]) or 'none'}): "
+                warnings.warn(f"gpclab: cannot save compiled functions ({e}; no writable folder "
+                              f"among {', '.join(_cache_candidates(self._impl.locator._py_file))}): "
                               "each new process compiles again. Set NUMBA_CACHE_DIR to a writable "
                               "folder, or ask the administrator to run `python -m gpclab compile`.",
                               RuntimeWarning, stacklevel=2)
@@ -6239,11 +6248,26 @@ def compile_paths(paths=None, jobs=None, log=print):
     return time.perf_counter() - t0
 
 
+def _installed_file():
+    """The gpclab.py of the installed distribution (pip install .), or None (not installed, or
+    installed editable, where the installation is the checkout itself)."""
+    from importlib import metadata
+    try:
+        files = metadata.distribution("gpclab").files or ()
+    except metadata.PackageNotFoundError:
+        return None
+    for f in files:
+        if f.name == "gpclab.py" and len(f.parts) == 1:
+            return os.path.realpath(f.locate())
+    return None
+
+
 def main(argv=None):
-    """Command line: `python -m gpclab compile` (run once after installing)."""
+    """Command line: `gpclab compile` (run once after installing; also `python -m gpclab compile`)."""
     import argparse
+    import sys
     parser = argparse.ArgumentParser(
-        prog="python -m gpclab",
+        prog="gpclab",
         description="gpclab command line. compile: compile every public code path into numba's "
                     "cache, so that every user of this installation loads it instead of compiling. "
                     "The cache goes to NUMBA_CACHE_DIR if set, else next to gpclab.py.")
@@ -6259,6 +6283,12 @@ def main(argv=None):
             parser.error(f"unknown path {path!r}; choose from {', '.join(_COMPILE_PATHS)}")
     if args.jobs is not None and args.jobs < 1:
         parser.error(f"--jobs must be a positive number of processes, got {args.jobs}")
+    installed = _installed_file()
+    if installed and installed != os.path.realpath(__file__):
+        print(f"this is {os.path.realpath(__file__)} (python -m imports the gpclab.py of the current "
+              f"folder first), not the installed {installed} that users import: run `gpclab compile` "
+              f"instead, or run this from another folder", file=sys.stderr)
+        return 2
     write, read = _cache_dirs(os.path.abspath(__file__))
     print(f"gpclab {__version__}: compiling into {write or 'memory only'}")
     if write is None:

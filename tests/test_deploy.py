@@ -315,3 +315,37 @@ def test_the_compile_check_saves_again_what_the_cache_index_lost(tmp_path):
     index entry that is missing (here deleted) is written again from memory, once."""
     first, second, files = map(int, _run_on_a_copy(tmp_path, SAVE_MISSING).split()[-3:])
     assert first >= 1 and second == 0 and files == 1
+
+
+def test_warm_up_refuses_a_checkout_that_is_not_the_installed_gpclab(tmp_path):
+    """`python -m gpclab compile` in the source checkout imports the checkout's gpclab.py (python -m
+    puts the current folder first), not the installation students import: it refuses and names
+    both, instead of warming the wrong cache. The console script `gpclab compile` has no such trap."""
+    site, checkout, home = tmp_path / "site", tmp_path / "checkout", tmp_path / "home"
+    for d in (site, checkout, home):
+        d.mkdir()
+    shutil.copy(os.path.join(ROOT, "gpclab.py"), site / "gpclab.py")
+    shutil.copy(os.path.join(ROOT, "gpclab.py"), checkout / "gpclab.py")
+    info = site / "gpclab-0.1.0.dist-info"                   # what `pip install .` leaves beside it
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gpclab\nVersion: 0.1.0\n")
+    (info / "RECORD").write_text("gpclab.py,,\ngpclab-0.1.0.dist-info/METADATA,,\n")
+    env = _env(str(home), PYTHONPATH=str(site))
+    out = subprocess.run([sys.executable, "-m", "gpclab", "compile", "laplace"], cwd=checkout, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 2, out.stderr
+    assert str(checkout / "gpclab.py") in out.stderr and str(site / "gpclab.py") in out.stderr
+    assert "gpclab compile" in out.stderr
+    assert not (checkout / "__pycache__").exists() or not any((checkout / "__pycache__").glob("*.nbi"))
+    # from another folder the installed copy is the one imported, and it is not refused
+    out = subprocess.run([sys.executable, "-c", "import gpclab, sys; sys.exit(gpclab._installed_file() "
+                          "!= gpclab.os.path.realpath(gpclab.__file__))"], cwd=home, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+
+
+def test_the_console_script_is_declared():
+    import tomllib
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as fh:
+        scripts = tomllib.load(fh)["project"]["scripts"]
+    assert scripts == {"gpclab": "gpclab:main"}
