@@ -5845,6 +5845,43 @@ class _blas_threads_for:
                     lib.set_num_threads(n)
 
 
+# What a call stores, in float64 numbers, as an expression of its arguments and shape symbols:
+# a count that would need more memory than the machine has is refused at the door, with the
+# memory it would need, instead of a MemoryError (or swapping) inside the body.
+_ALLOCATES = {
+    "hmc_latent": "n_samples * n",
+    "elliptical_slice_latent": "n_samples * n",
+    "truncated_gaussian_gibbs": "n_samples * n",
+    "truncated_gaussian_mh": "n_samples * n",
+    "ais": "3 * (T + 1) + 2 * R * n",
+    "mcmc_predict": "S * m",
+    "mcmc_posterior": "n_samples * n",
+    "hmc_hyperparameters": "n_iter * 4 * d",
+}
+
+
+def _memory_bytes():
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_allocation(expr, ctx):
+    """Refuse a call whose arrays (expr float64 numbers) would not fit in the machine's memory."""
+    names = {k: v[0] for k, v in ctx.dims.items()}
+    names.update((k, v) for k, v in ctx.args.items() if isinstance(v, int) and not isinstance(v, bool))
+    try:
+        need = 8 * int(eval(expr, {"__builtins__": {}}, names))
+    except (NameError, TypeError):
+        return
+    have = _memory_bytes()
+    if have and need > have:
+        count = next(k for k in ctx.args if k in expr and k in names and k not in ctx.dims)
+        raise ValueError(f"{ctx.where}: {count} = {ctx.args[count]} would need {need / 2 ** 30:,.1f} GiB "
+                         f"({expr} numbers of 8 bytes), more than this machine's {have / 2 ** 30:.0f} GiB")
+
+
 class PublicFunction:
     """A public function of gpclab: checks and converts its arguments, calls the body.
 
@@ -5879,6 +5916,8 @@ class PublicFunction:
         self._check_together(bound.arguments)
         for name, check in self.specs.items():               # in the order of the spec
             bound.arguments[name] = ctx.args[name] = check(bound.arguments[name], name, ctx)
+        if self.__name__ in _ALLOCATES:
+            _check_allocation(_ALLOCATES[self.__name__], ctx)
         try:
             return self._run(bound)
         except np.linalg.LinAlgError as e:

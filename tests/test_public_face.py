@@ -560,3 +560,22 @@ def test_integers_beyond_64_bits_are_refused(value):
     K = gpclab.kernel_matrix("se", X, X, np.zeros(2))
     with pytest.raises(ValueError, match="laplace_mode: max_iter must be an integer that fits in 64 bits"):
         gpclab.laplace_mode(K, y, "logistic", max_iter=value)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda K, y: gpclab.hmc_latent(K, y, "probit", 10 ** 9), "hmc_latent: n_samples = 1000000000"),
+    (lambda K, y: gpclab.elliptical_slice_latent(K, y, "probit", 10 ** 9), "elliptical_slice_latent: n_samples"),
+    (lambda K, y: gpclab.ais(K, y, "probit", T=10 ** 11), "ais: T = 100000000000"),
+    (lambda K, y: gpclab.truncated_gaussian_gibbs(K, 10 ** 9), "truncated_gaussian_gibbs: n_samples"),
+])
+def test_counts_that_cannot_fit_in_memory_are_refused_at_once(call, name):
+    """A count whose arrays would not fit in the machine's memory is refused before the body runs,
+    with the memory it would need (not a MemoryError from inside numba, nor hours of swapping)."""
+    X = np.random.default_rng(0).standard_normal((60, 2))
+    y = np.where(X[:, 0] > 0, 1.0, -1.0)
+    K = gpclab.kernel_matrix("se", X, X, np.zeros(2))
+    need = None
+    with pytest.raises(ValueError, match=name) as info:
+        call(K, y)
+    need = float(str(info.value).split("would need ")[1].split(" GiB")[0].replace(",", ""))
+    assert need * 2 ** 30 > gpclab._memory_bytes()
