@@ -4,13 +4,19 @@ Run nbgrader from this folder (or with --course-dir); see the README's exercises
 """
 import copy
 import os
+import sys
 import warnings
 
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 from nbgrader import utils
 from nbgrader.api import MissingEntry
+from nbgrader.converters import Autograde
 from nbgrader.preprocessors import (CheckCellMetadata, ClearHiddenTests, ClearOutput, DeduplicateIds,
-                                    GetGrades, OverwriteCells, OverwriteKernelspec)
+                                    Execute, GetGrades, OverwriteCells, OverwriteKernelspec)
+from traitlets import List
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from grading_sandbox import SandboxedExecute  # noqa: E402  (next to this file)
 
 c = get_config()  # noqa: F821  (provided by nbgrader)
 
@@ -51,6 +57,11 @@ class FeedbackWithoutHiddenTests(ClearHiddenTests):
     """Feedback shows each test cell as students saw it (hidden tests removed) and, for a failed
     test, only the error line (the assertion message), not the traceback with the test's code."""
 
+    # nbconvert's HTML exporter configures display_data_priority for every NbConvertBase; like
+    # nbgrader's own GetGrades, accept it (unused here), or nbgrader warns "Config option
+    # `display_data_priority` not recognized"
+    display_data_priority = List(GetGrades.class_traits()["display_data_priority"].default()).tag(config=True)
+
     def preprocess_cell(self, cell, resources, cell_index):
         cell, resources = super().preprocess_cell(cell, resources, cell_index)
         if cell.cell_type == "code" and utils.is_grade(cell) and not utils.is_solution(cell):
@@ -63,3 +74,19 @@ class FeedbackWithoutHiddenTests(ClearHiddenTests):
 c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, OverwriteKernelspec,
                                       RestoreHiddenTestsQuietly, CheckCellMetadata]
 c.GenerateFeedback.preprocessors = [GetGrades, FeedbackWithoutHiddenTests, CSSHTMLHeaderPreprocessor]
+
+# Student code runs in a sandbox (grading_sandbox.py): each submission's kernel under bubblewrap
+# sees the system and Python read-only, writes only in its own autograded/<student>/<assignment>/
+# folder, and cannot see the course (source/, submitted/, gradebook.db), the exchange or any home
+# folder. Without bubblewrap autograde refuses; to grade unsandboxed anyway (only where grading
+# is isolated otherwise, e.g. one container per submission), uncomment:
+# c.SandboxedKernelManager.allow_unsandboxed = True
+c.Autograde.autograde_preprocessors = [
+    SandboxedExecute if pp is Execute else pp
+    for pp in Autograde.class_traits()["autograde_preprocessors"].default()]
+
+# `nbgrader zip_collect <assignment>`: a learning platform's download (zip files or notebooks) in
+# downloaded/<assignment>/archive/, one file per student named <student id>_<notebook>.ipynb.
+# nbgrader matches the pattern against the whole path, hence the leading ".*/". Adapt it to the
+# names your platform gives (see nbgrader's documentation on zip_collect).
+c.FileNameCollectorPlugin.named_regexp = r".*/(?P<student_id>[^/]+?)_(?P<file_id>ex3_10_[1-6]\.ipynb)$"
