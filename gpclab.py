@@ -637,9 +637,7 @@ def cholesky_inverse(L):
     uplo = np.array([ord("U")], np.uint8)
     nn = np.array([n], np.int32)
     info = np.zeros(1, np.int32)
-    _dpotri(uplo.ctypes, nn.ctypes, A.ctypes, nn.ctypes, info.ctypes)
-    if info[0] != 0:
-        raise ValueError("cholesky_inverse: L is singular")
+    _dpotri(uplo.ctypes, nn.ctypes, A.ctypes, nn.ctypes, info.ctypes)  # info = 0: L has no zero pivot
     for i in range(n):  # dpotri fills one triangle (C lower): mirror it
         for j in range(i):
             A[j, i] = A[i, j]
@@ -672,6 +670,53 @@ def _form_B(K, sW):
     return B
 
 
+@njit(cache=True)
+def _objective(a, f, y, likelihood):
+    """Psi = -1/2 a^T f + log p(y|f) with a = K^-1 f, up to constants: the objective of
+    Algorithm 3.1 (line 9, (3.12); y (n,), likelihood 'logistic' or 'probit') and of
+    Algorithm 3.3 (line 15, (3.35); y one-hot (C, n), the softmax)."""
+    if y.ndim == 1:
+        return -0.5 * (a @ f) + log_likelihood(likelihood, y, f)[0].sum()
+    return _multiclass_objective(a, f, y)
+
+
+# The two safeguards of Algorithms 3.1 and 3.3. The book's Newton iteration
+# starts at f = 0 and takes every full step. A warm start (the mode at nearby
+# hyperparameters, during ML-II) saves most steps, and is taken only if it
+# beats f = 0. A full Newton step can lower the objective far from the mode
+# (GPML's own code searches along the Newton direction): _step_search halves
+# it until the objective does not fall by more than rounding error, so a full
+# step is always taken near the mode, where Newton converges quadratically.
+
+@njit(cache=True)
+def _warm_start(a_init, f_init, y, likelihood):
+    """a, f and the objective at a_init (f_init = K a_init) if that beats f = 0, else at 0."""
+    a = np.zeros_like(a_init)
+    f = np.zeros_like(f_init)
+    psi = _objective(a, f, y, likelihood)
+    psi_init = _objective(a_init, f_init, y, likelihood)
+    if psi_init > psi:
+        return a_init.copy(), f_init, psi_init
+    return a, f, psi
+
+
+@njit(cache=True)
+def _step_search(a, da, f, df, psi, y, likelihood):
+    """The first of a + t da, f + t df, t = 1, 1/2, ..., 2^-30, whose objective is at
+    least psi - 1e-12 (1 + |psi|): returns a, f, the objective there and t; t = 0
+    (and a, f, psi unchanged) if none is."""
+    slack = 1e-12 * (1.0 + abs(psi))
+    step = 1.0
+    for _ in range(31):
+        a_t = a + step * da
+        f_t = f + step * df
+        psi_t = _objective(a_t, f_t, y, likelihood)
+        if psi_t >= psi - slack:
+            return a_t, f_t, psi_t, step
+        step *= 0.5
+    return a, f, psi, 0.0
+
+
 @public(returns=LaplaceMode, K="(n, n) psd", y="(n,) pm1 nonempty", likelihood="{logistic,probit}",
         a_init="(n,) ?0", tol="nonneg", max_iter="count")
 @njit(cache=True)
@@ -681,114 +726,64 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
     Parameters
     ----------
     K : ndarray, shape (n, n)
-        Prior covariance matrix K.
+        Prior covariance matrix.
     y : ndarray, shape (n,)
         Targets, -1 or +1.
-    likelihood : str
-        'logistic' (3.15) or 'probit' (3.16).
+    likelihood : {'logistic', 'probit'}
+        p(y|f), (3.15) or (3.16).
     a_init : ndarray, shape (n,), optional
-        Warm start a = K^-1 f (for example the `a` of a previous call at
-        nearby hyperparameters). Used only if its objective beats f = 0.
-    tol : float
-        Convergence: stop after a full Newton step that changed both the
-        objective of line 9 (Psi(f) up to constants) and log q by less than
-        tol (1 + |Psi| + |log q|).
-    max_iter : int
-        Maximum number of Newton steps.
+        Warm start a = K^-1 f, taken if it beats f = 0 (zeros when left out).
+    tol, max_iter : float, int
+        Stop after a full Newton step that changed the objective and log q by
+        less than tol (1 + |Psi| + |log q|); at most max_iter steps.
 
     Returns
     -------
-    LaplaceMode, a namedtuple of
-        f_hat (n,) the posterior mode; log_q the approximate log marginal
-        likelihood (3.32); a = K^-1 f_hat (n,); sW = W^1/2 (n,) and L (n, n),
-        cholesky(B) at f_hat, for reuse by the gradient and predictions;
-        n_iter Newton steps taken; converged (False also when no step along
-        the Newton direction raised the objective).
+    LaplaceMode: f_hat (n,), log_q (3.32), a = K^-1 f_hat, sW = W^1/2 and
+    L = cholesky(B) at f_hat, n_iter, converged (False also when no step along
+    the Newton direction raised the objective).
 
     Notes
     -----
-    Each step costs one Cholesky factorisation, n^3/6 (line 5). Departs from
-    the box where the caption asks: a Newton step that lowers the objective
-    (by more than rounding error) is halved until it does not, at most 30
-    times. The convergence test of line 9 is made after lines 4-5, so that W
-    and L returned belong to f_hat itself, and asks for log q to settle as
-    well as Psi: on separable data at a large signal variance Psi is flat
-    while f_hat still moves and log|B| with it.
+    One Cholesky factorisation, n^3/6, per step (line 5). Departures: lines 2
+    and 7-8 (warm start, step halving: _warm_start, _step_search); line 9
+    tests after lines 4-5, so that W and L belong to f_hat.
 
     Used in: lectures/sec3_04_binary_laplace.ipynb.
     """
-    _check_K_y(K, y)
-    n = y.shape[0]
-    a = np.zeros(n)                                          # line 2: f := 0
-    f = np.zeros(n)
-    lp, dlp, d2lp, _ = log_likelihood(likelihood, y, f)
-    psi = lp.sum()                                           # -1/2 a^T f = 0 at f = 0
-    if a_init is not None:
-        if a_init.shape[0] != n:
-            raise ValueError("a_init must have length n")
-        # departs from line 2: warm start from a_init if it is better than 0
-        f_w = K @ a_init
-        lp_w, dlp_w, d2lp_w, _ = log_likelihood(likelihood, y, f_w)
-        psi_w = -0.5 * (a_init @ f_w) + lp_w.sum()
-        if psi_w > psi:
-            a, f, psi = a_init.copy(), f_w, psi_w
-            dlp, d2lp = dlp_w, d2lp_w
-    n_iter = 0
-    converged = False
-    psi_old = -np.inf
-    log_q_old = -np.inf
-    full_step = False
+    # departs from line 2: starts from a_init (zeros when left out) if that beats f = 0, because
+    # the mode at nearby hyperparameters saves most Newton steps during ML-II
+    a, f, psi = _warm_start(a_init, K @ a_init, y, likelihood)  # line 2: f := 0
+    n_iter, converged, full_step = 0, False, False
+    psi_old = log_q_old = -np.inf
     while True:                                              # line 3: repeat
         check_interrupt()
+        _, dlp, d2lp, _ = log_likelihood(likelihood, y, f)
         W = -d2lp                                            # line 4: W := -grad grad log p(y|f)  (3.15/3.16)
         sW = np.sqrt(W)
         L = np.linalg.cholesky(_form_B(K, sW))               # line 5: L := cholesky(I + W^1/2 K W^1/2)
-        log_q = psi - half_log_det(L)                        # line 10, at the current f
-        # line 9: until convergence. Departs from the caption's test on Psi
-        # alone: the last step must be a full Newton step that changed Psi and
-        # log q by less than tol relative to their size. At a large signal
-        # variance Psi is flat while f still moves, and log|B| follows f.
+        log_q = psi - half_log_det(L)                        # line 10: log q := -1/2 a^T f + log p(y|f) - sum_i log L_ii  (3.32)
+        # departs from lines 9-10: both are done here, after lines 4-5, so that W and L returned
+        # belong to f_hat; and line 9 asks log q as well as Psi to settle after a full step,
+        # relative to their size, because at a large signal variance Psi is flat while f still
+        # moves, and log|B| with it
         scale = 1.0 + abs(psi) + abs(log_q)
-        if (n_iter > 0 and full_step and psi - psi_old < tol * scale
-                and abs(log_q - log_q_old) < tol * scale):
+        if full_step and psi - psi_old < tol * scale and abs(log_q - log_q_old) < tol * scale:  # line 9: until convergence
             converged = True
             break
         if n_iter == max_iter:
             break
-        b = W * f + dlp                                      # line 6: b := W f + grad log p(y|f)
+        b = W * f + dlp                                      # line 6: b := W f + grad log p(y|f)  (3.18, 3.27)
         c = solve_lower_transpose(L, solve_lower(L, sW * (K @ b)))
-        a_new = b - sW * c                                   # line 7: a := b - W^1/2 L^T\(L\(W^1/2 K b))  (3.18, 3.27)
-        f_new = K @ a_new                                    # line 8: f := K a
-        # departs from lines 7-8: halve the step while it lowers the objective
-        # by more than rounding error (so that a full step is always taken
-        # near the mode, where Newton converges quadratically); 30 halvings
-        # without a rise end the search, not converged, at the last iterate
-        psi_old = psi
-        log_q_old = log_q
-        slack = 1e-12 * (1.0 + abs(psi_old))
-        da = a_new - a
-        df = f_new - f
-        step = 1.0
-        found = False
-        for _ in range(31):
-            a_t = a + step * da
-            f_t = f + step * df
-            lp_t, dlp_t, d2lp_t, _ = log_likelihood(likelihood, y, f_t)
-            psi_t = -0.5 * (a_t @ f_t) + lp_t.sum()          # objective: -1/2 a^T f + log p(y|f)
-            if psi_t >= psi_old - slack:
-                found = True
-                break
-            step *= 0.5
-        if not found:
+        a_new = b - sW * c                                   # line 7: a := b - W^1/2 L^T\(L\(W^1/2 K b))
+        psi_old, log_q_old = psi, log_q
+        # departs from line 8: the step to f := K a is halved while it lowers the objective
+        a, f, psi, step = _step_search(a, a_new - a, f, K @ a_new - f, psi, y, likelihood)  # line 8: f := K a
+        if step == 0.0:
             break
         full_step = step == 1.0
-        a = a_t
-        f = f_t
-        psi = psi_t
-        dlp = dlp_t
-        d2lp = d2lp_t
         n_iter += 1
-    return f, log_q, a, sW, L, n_iter, converged        # line 11 (LaplaceMode)
+    return f, log_q, a, sW, L, n_iter, converged             # line 11: return f_hat, log q (LaplaceMode)
 
 
 @public(f_hat="(n,) nonempty", K="(n, n) psd", y="(n,) pm1", likelihood="{logistic,probit}", K_star="(n, m)",
@@ -801,57 +796,42 @@ def laplace_predict(f_hat, K, y, likelihood, K_star, k_star_star, rule="average"
     ----------
     f_hat : ndarray, shape (n,)
         Posterior mode, from laplace_mode (Algorithm 3.1).
-    K : ndarray, shape (n, n)
-        Prior covariance of the training latents, k(X, X).
-    y : ndarray, shape (n,)
-        Training targets, -1 or +1.
-    likelihood : str
-        'logistic' or 'probit'.
+    K, y, likelihood :
+        As laplace_mode: k(X, X), the -1/+1 targets, 'logistic' or 'probit'.
     K_star : ndarray, shape (n, m)
-        k(X, x_*) for m test inputs, one column per test case.
+        k(X, x_*), one column per test input.
     k_star_star : ndarray, shape (m,)
         k(x_*, x_*) for each test input.
-    rule : str
-        How line 7 is computed: 'average' (3.25; exact for probit, quadrature
-        for logistic), 'map' or 'mackay' (section 3.4.2).
+    rule : {'average', 'map', 'mackay'}
+        Line 7 as in the box (3.25), or one of the rules of section 3.4.2.
     L : ndarray, shape (n, n), optional
-        cholesky(B) at f_hat from laplace_mode; skips line 3, as the text
-        after the box suggests ("can be re-used").
+        cholesky(B) at f_hat, from laplace_mode ("can be re-used"): skips line 3.
 
     Returns
     -------
-    pi_bar_star : ndarray, shape (m,)
-        Predictive probability of class +1 (line 8).
-    f_bar_star, V_f_star : ndarray, shape (m,)
-        Latent predictive mean (3.21) and variance (3.24).
+    pi_bar_star, f_bar_star, V_f_star : ndarray, shape (m,)
+        Probability of class +1 (line 8), latent mean (3.21) and variance (3.24).
 
     Notes
     -----
-    n^3/6 once (line 3) and n^2 per test case (line 5); lines 4-7 are done for
-    all test cases at once, line 5 as one triangular solve with m columns.
+    n^3/6 once (line 3), n^2 per test case (line 5); lines 4-7 run for all
+    test cases at once.
 
     Used in: lectures/sec3_04_binary_laplace.ipynb.
     """
-    _check_K_y(K, y)
-    if f_hat.shape[0] != y.shape[0] or K_star.shape[0] != y.shape[0]:
-        raise ValueError("f_hat and K_star must have n rows, n = len(y)")
-    if k_star_star.shape[0] != K_star.shape[1]:
-        raise ValueError("k_star_star must have one entry per column of K_star")
     _, dlp, d2lp, _ = log_likelihood(likelihood, y, f_hat)
     W = -d2lp                                                # line 2: W := -grad grad log p(y|f^)
     sW = np.sqrt(W)
-    if L is None:
+    if L is None:                                            # departs from line 3: skipped when L is given
         L = np.linalg.cholesky(_form_B(K, sW))               # line 3: L := cholesky(I + W^1/2 K W^1/2)
-    elif L.shape[0] != K.shape[0] or L.shape[1] != K.shape[0]:
-        raise ValueError("L must have the shape of K")
     f_bar_star = K_star.T @ dlp                              # line 4: f_bar_* := k(x_*)^T grad log p(y|f^)  (3.21)
     sWK = np.empty_like(K_star)
     for i in range(K_star.shape[0]):
         sWK[i, :] = sW[i] * K_star[i, :]
-    v = solve_lower_matrix(L, sWK)                           # line 5: v := L\(W^1/2 k(x_*))
-    V_f_star = k_star_star - (v * v).sum(axis=0)             # line 6: V[f_*] := k(x_*, x_*) - v^T v  (3.24, 3.29)
-    pi_bar_star = averaged_probability(likelihood, f_bar_star, V_f_star, rule)  # line 7  (3.25)
-    return pi_bar_star, f_bar_star, V_f_star                 # line 8
+    v = solve_lower_matrix(L, sWK)                           # line 5: v := L\(W^1/2 k(x_*))  (3.24, 3.29)
+    V_f_star = k_star_star - (v * v).sum(axis=0)             # line 6: V[f_*] := k(x_*, x_*) - v^T v
+    pi_bar_star = averaged_probability(likelihood, f_bar_star, V_f_star, rule)  # line 7: pi_bar_* := int sigma(z) N(z|f_bar_*, V[f_*]) dz  (3.25)
+    return pi_bar_star, f_bar_star, V_f_star                 # line 8: return pi_bar_*
 
 
 @public(K="(n, n) psd", X="(n, d)", kernel="{se,ard,kg,kg_iso}", log_hyp="(p,) loghyp", y="(n,) pm1 nonempty",
@@ -891,7 +871,6 @@ def laplace_log_q_grad(K, X, kernel, log_hyp, y, likelihood, f_hat, a, L, discre
     hyperparameter. The same computation as GPML's Algorithm 5.1, with one
     n^3 solve fewer (see the comment at s2).
     """
-    _check_K_y(K, y)
     n = y.shape[0]
     _, dlp, d2lp, d3lp = log_likelihood(likelihood, y, f_hat)
     W = -d2lp
