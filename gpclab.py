@@ -990,33 +990,22 @@ def _check_one_hot(y):
 
 
 @njit(cache=True)
-def _check_multiclass(K, y):
-    if y.ndim != 2 or K.ndim != 3:
-        raise ValueError("K must have shape (C, n, n) and y shape (C, n)")
-    _check_one_hot(y)
-    C, n = y.shape
-    if K.shape[0] != C or K.shape[1] != n or K.shape[2] != n:
-        raise ValueError("K must have shape (C, n, n) to match y of shape (C, n)")
-
-
-@njit(cache=True)
 def _multiclass_E_M(K, pi):
-    """Lines 5-10 of Algorithm 3.3 (lines 3-7 of 3.4): E_c, sum_c z_c and M."""
+    """E_c, sum_c z_c and M := cholesky(sum_c E_c): lines 5-10 of Algorithm 3.3, 3-7 of 3.4."""
     C, n = pi.shape
-    E = np.empty((C, n, n))
+    E = np.empty((C, n, n))                                   # the diagonal blocks E_c of E
     E_sum = np.zeros((n, n))
     z = 0.0
-    for c in range(C):                                        # line 5: for c := 1..C
-        sD = np.sqrt(pi[c])
-        L = np.linalg.cholesky(_form_B(K[c], sD))             # line 6: L := cholesky(I + D_c^1/2 K_c D_c^1/2)
-        Ec = cholesky_inverse(L)                              # line 7: E_c := D_c^1/2 L^T\(L\D_c^1/2)
-        for i in range(n):
-            for j in range(n):
-                Ec[i, j] *= sD[i] * sD[j]
-        E[c] = Ec
-        E_sum += Ec
-        z += half_log_det(L)                                  # line 8: z_c := sum_i log L_ii
-    M = np.linalg.cholesky(E_sum)                             # line 10: M := cholesky(sum_c E_c)
+    for c in range(C):                                        # for c := 1..C
+        sD = np.sqrt(pi[c])                                   # D_c^1/2, (n,)
+        L = np.linalg.cholesky(_form_B(K[c], sD))             # L := cholesky(I + D_c^1/2 K_c D_c^1/2)
+        # departs from E_c := D_c^1/2 L^T\(L\D_c^1/2) (3.3 line 7, 3.4 line 5): the same matrix
+        # as B_c^-1 = L^-T L^-1 scaled by D_c^1/2 on both sides, because LAPACK forms B_c^-1
+        # from L in one call (cholesky_inverse) instead of two triangular solves with n columns
+        E[c] = cholesky_inverse(L) * np.outer(sD, sD)
+        E_sum += E[c]
+        z += half_log_det(L)                                  # z_c := sum_i log L_ii
+    M = np.linalg.cholesky(E_sum)                             # M := cholesky(sum_c E_c)
     return E, z, M
 
 
@@ -1029,6 +1018,15 @@ def _multiclass_objective(a, f, y):
     return -0.5 * (a * f).sum() + (y * f).sum() - _log_sum_exp(f)
 
 
+@njit(cache=True)
+def _per_class(A, x):
+    """A x for block-diagonal A: A_c x_c for each class, A (C, n, n), x (C, n)."""
+    out = np.empty(x.shape)
+    for c in range(A.shape[0]):
+        out[c] = A[c] @ x[c]
+    return out
+
+
 @public(returns=MultiLaplaceMode, K="(C, n, n) psd", y="(C, n) onehot nonempty",
         a_init="(C, n) ?0", tol="nonneg", max_iter="count")
 @njit(cache=True)
@@ -1038,93 +1036,60 @@ def laplace_mode_multiclass(K, y, a_init=None, tol=1e-10, max_iter=100):
     Parameters
     ----------
     K : ndarray, shape (C, n, n)
-        The C diagonal blocks K_c of the prior covariance (classes may have
-        different covariance functions).
+        The diagonal blocks K_c of the prior covariance, one per class.
     y : ndarray, shape (C, n)
         One-hot targets: y[c, i] = 1 if case i has class c (3.33).
     a_init : ndarray, shape (C, n), optional
-        Warm start a = K^-1 f, used if its objective beats f = 0.
-    tol, max_iter :
-        As laplace_mode: stop when a Newton step raises the objective of
-        line 15 by less than tol.
+        Warm start a = K^-1 f, taken if it beats f = 0 (zeros when left out).
+    tol, max_iter : float, int
+        Stop when a Newton step raises the objective by less than tol; at
+        most max_iter steps.
 
     Returns
     -------
-    MultiLaplaceMode, a namedtuple of
-        f_hat (C, n); log_q (3.44); a = K^-1 f_hat (C, n); E (C, n, n) and
-        M (n, n) at f_hat (lines 7 and 10), for reuse by the predictions and
-        the gradient; n_iter; converged.
+    MultiLaplaceMode: f_hat (C, n), log_q (3.44), a = K^-1 f_hat, E (C, n, n)
+    and M (n, n) at f_hat (lines 7, 10), n_iter, converged.
 
     Notes
     -----
     O((C + 1) n^3) per Newton step; no Cn x Cn matrix is formed. Departures:
-    the step-size safeguard of Algorithm 3.1; the convergence test comes
-    after lines 4-10 so that E and M belong to f_hat; and line 16 also
-    subtracts sum_i log M_ii: |I + W^1/2 K W^1/2| = prod_c |B_c| |sum_c E_c|
-    (by (3.46)-(3.47) and the determinant lemma), which the box leaves out;
-    lines 15-16 print + sum_i log sum_c exp f^c_i, the code subtracts it, as
-    log p(y|f) in (3.35) does.
+    lines 2 and 14 as Algorithm 3.1's (_warm_start, _step_search); line 15
+    tests after lines 4-10, so that E and M belong to f_hat; lines 15-16 (see
+    there).
 
     Used in: lectures/sec3_05_multiclass_laplace.ipynb.
     """
-    _check_multiclass(K, y)
-    C, n = y.shape
-    a = np.zeros((C, n))                                      # line 2: f := 0
-    f = np.zeros((C, n))
-    psi = _multiclass_objective(a, f, y)
-    if a_init is not None:
-        if a_init.shape[0] != C or a_init.shape[1] != n:
-            raise ValueError("a_init must have shape (C, n)")
-        # departs from line 2: warm start from a_init if it is better than 0
-        f_w = np.empty((C, n))
-        for c in range(C):
-            f_w[c] = K[c] @ a_init[c]
-        psi_w = _multiclass_objective(a_init, f_w, y)
-        if psi_w > psi:
-            a, f, psi = a_init.copy(), f_w, psi_w
-    n_iter = 0
-    converged = False
-    psi_old = -np.inf
+    C = y.shape[0]
+    # departs from line 2 as laplace_mode does: a warm start (zeros when left out) if it beats f = 0
+    a, f, psi = _warm_start(a_init, _per_class(K, a_init), y, "softmax")  # line 2: f := 0
+    n_iter, converged, psi_old = 0, False, -np.inf
     while True:                                               # line 3: repeat
         check_interrupt()
-        pi = softmax(f)                                       # line 4: pi and Pi from f  (3.34)
-        E, z, M = _multiclass_E_M(K, pi)                      # lines 5-10
-        if n_iter > 0 and psi - psi_old < tol:                # line 15: until convergence
+        pi = softmax(f)                                       # line 4: pi and Pi from f  (3.34, Pi under 3.38)
+        E, z, M = _multiclass_E_M(K, pi)                      # lines 5-10: for each c: L, E_c, z_c; M := cholesky(sum_c E_c)
+        # departs from line 15: tested here, after lines 4-10, so that E and M returned belong to f_hat
+        if psi - psi_old < tol:                               # line 15: until convergence
             converged = True
             break
         if n_iter == max_iter:
             break
         pf = (pi * f).sum(axis=0)                             # (Pi^T f)_i = sum_c pi^c_i f^c_i
         b = pi * f - pi * pf + y - pi                         # line 11: b := (D - Pi Pi^T) f + y - pi  (3.39)
-        cv = np.empty((C, n))
-        for c in range(C):
-            cv[c] = E[c] @ (K[c] @ b[c])                      # line 12: c := E K b
-        r = solve_lower_transpose(M, solve_lower(M, cv.sum(axis=0)))
-        a_new = np.empty((C, n))
-        f_new = np.empty((C, n))
-        for c in range(C):
-            a_new[c] = b[c] - cv[c] + E[c] @ r                # line 13: a := b - c + E R M^T\(M\(R^T c))  (3.45, 3.47)
-            f_new[c] = K[c] @ a_new[c]                        # line 14: f := K a
-        # departs from lines 13-14: halve the step while it lowers the objective
-        # by more than rounding error (as in laplace_mode)
+        cv = _per_class(E, _per_class(K, b))                  # line 12: c := E K b  (3.39, 3.45, 3.47)
+        r = solve_lower_transpose(M, solve_lower(M, cv.sum(axis=0)))  # M^T\(M\(R^T c)), (n,)
+        a_new = b - cv + _per_class(E, np.ones((C, 1)) * r)   # line 13: a := b - c + E R M^T\(M\(R^T c))
         psi_old = psi
-        slack = 1e-12 * (1.0 + abs(psi_old))
-        da = a_new - a
-        df = f_new - f
-        step = 1.0
-        for _ in range(31):
-            a_t = a + step * da
-            f_t = f + step * df
-            psi = _multiclass_objective(a_t, f_t, y)          # objective of line 15 (its sign: see there)
-            if psi >= psi_old - slack:
-                break
-            step *= 0.5
-        a = a_t
-        f = f_t
+        # departs from line 14 as laplace_mode does from line 8: the step is halved while it
+        # lowers the objective
+        a, f, psi, step = _step_search(a, a_new - a, f, _per_class(K, a_new) - f, psi, y, "softmax")  # line 14: f := K a
+        if step == 0.0:
+            break
         n_iter += 1
-    # line 16 with the objective's log-sum-exp term subtracted, not added as printed (3.35, 3.44)
-    log_q = psi - z - half_log_det(M)                         # line 16: log q := objective - sum_c z_c  (3.44), - log|M|
-    return f, log_q, a, E, M, n_iter, converged         # line 17 (MultiLaplaceMode)
+    # departs from line 16: the log-sum-exp term enters the objective with a minus sign, as
+    # log p(y|f) (3.35) has it, and log q also subtracts sum_i log M_ii, because
+    # |I + W^1/2 K W^1/2| = prod_c |B_c| |sum_c E_c| by (3.46)-(3.47) and the determinant lemma
+    log_q = psi - z - half_log_det(M)                         # line 16: log q := objective - sum_c z_c  (3.44)
+    return f, log_q, a, E, M, n_iter, converged               # line 17: return f_hat, log q (MultiLaplaceMode)
 
 
 @njit(cache=True)
@@ -1182,137 +1147,86 @@ def _same_blocks(A):
     return True
 
 
-@public(K="(C, n, n) psd", y="(C, n) onehot nonempty", f_hat="(C, n)", K_star="(C, n, m)",
-        k_star_star="(C, m)", S="count", seed="seed", E="(C, n, n) ?", M="(n, n) chol ?",
-        G="(C, n, n) ?")
 @njit(cache=True)
-def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0, E=None, M=None,
-                               G=None):
-    """Predictions for multi-class Laplace GPC (GPML Algorithm 3.4).
-
-    Parameters
-    ----------
-    K : ndarray, shape (C, n, n)
-        Prior covariance blocks.
-    y : ndarray, shape (C, n)
-        One-hot training targets.
-    f_hat : ndarray, shape (C, n)
-        Posterior mode from laplace_mode_multiclass.
-    K_star : ndarray, shape (C, n, m)
-        k_c(X, x_*) for m test inputs, per class.
-    k_star_star : ndarray, shape (C, m)
-        k_c(x_*, x_*).
-    S : int
-        Monte Carlo samples per test case (lines 17-22), in S/2 antithetic
-        pairs (an odd S is rounded up).
-    seed : int
-        Seed of the Monte Carlo samples: the same seed gives the same numbers.
-    E, M : optional
-        E and M at f_hat from laplace_mode_multiclass; skip lines 2-7.
-    G : ndarray, shape (C, n, n), optional
-        multiclass_G(E, M), to reuse over several calls at the same f_hat
-        (GPClassifier keeps it from fit); used when all classes share K_star.
-
-    Returns
-    -------
-    pi_bar_star : ndarray, shape (C, m)
-        Predicted class probabilities E_q[pi(f_*)] (line 23).
-    mu_star : ndarray, shape (C, m)
-        Latent predictive means (3.41).
-    Sigma_star : ndarray, shape (m, C, C)
-        Latent predictive covariances (3.43).
-
-    Notes
-    -----
-    Lines 8-16 are reordered for many test cases, as the caption suggests:
-    each E_c is used once for all m test cases, and line 11's solve with M
-    runs on all columns together. With b_c = E_c k_c(x_*), line 13's
-    Sigma_cc' = c^T k_c' equals (M\\b_c)^T (M\\b_c'), so each class needs one
-    triangular solve. When every class has the same k_*, M\\b_c = G_c k_*
-    with G_c = M\\E_c, and b_c^T k_* = (M^T k_*)^T (M\\b_c) where
-    M^T k_* = sum_c' M\\b_c' (since sum_c E_c = M M^T): line 15's b^T k_* is
-    the sum of row c of lines 12-14's Sigma_cc'. That leaves one product
-    G_c k_* per class, C n^2 m multiply-adds instead of 3 C n^2 m / 2 (with G
-    given, or computed here, C n^3 / 2 more, when m > n).
-
-    Monte Carlo error: the samples come in antithetic pairs mu_* +/- L z,
-    and one set of S/2 vectors z serves every test case. Each pi_bar_*c is
-    then a mean of S/2 independent pair means in [0, 1], so its standard
-    error is at most 0.5 sqrt(2/S) (0.022 at S = 1000), and for probabilities
-    near 0 or 1 far less, because the pairs cancel the part of softmax that
-    is linear in f_*. On digits at S = 1000 (benchmarks/bench_multiclass.py,
-    spread over 8 seeds) the largest standard error over all test cases and
-    classes was 0.014 (0.025 with S independent samples per test case), the
-    median 4.8e-3 (5.3e-3). The errors of different test cases are
-    correlated (they share z): average over seeds, not over test cases, to
-    judge a Monte Carlo error.
-
-    Used in: lectures/sec3_05_multiclass_laplace.ipynb.
-    """
-    _check_multiclass(K, y)
-    C, n = y.shape
-    if f_hat.shape[0] != C or f_hat.shape[1] != n:
-        raise ValueError("f_hat must have shape (C, n)")
-    if K_star.ndim != 3 or K_star.shape[0] != C or K_star.shape[1] != n:
-        raise ValueError("K_star must have shape (C, n, m)")
-    m = K_star.shape[2]
-    if k_star_star.shape[0] != C or k_star_star.shape[1] != m:
-        raise ValueError("k_star_star must have shape (C, m)")
-    if S < 1:
-        raise ValueError("S must be a positive number of samples")
-    pi = softmax(f_hat)                                       # line 2: pi and Pi from f_hat
-    if E is None or M is None:
-        E, _, M = _multiclass_E_M(K, pi)                      # lines 3-7: E_c, M := cholesky(sum_c E_c)
-    mu_star = np.empty((C, m))
-    H = np.empty((C, n, m))
-    Sigma_star = np.zeros((m, C, C))
-    bk = np.empty((C, m))                                     # b^T k_*^c of line 15, per class
-    shared = _same_blocks(K_star)
-    if shared and G is None and m > n:
-        G = multiclass_G(E, M)
-    use_G = shared and G is not None                          # one k_* for all classes (see Notes)
-    for c in range(C):                                        # line 8: for c := 1..C (all test cases at once)
-        Kc = np.ascontiguousarray(K_star[c])
-        mu_star[c] = (y[c] - pi[c]) @ Kc                      # line 9: mu_*^c := (y^c - pi^c)^T k_*^c  (3.41)
-        if use_G:
-            np.dot(G[c], Kc, H[c])                            # lines 10-11: M\b = (M\E_c) k_*^c
-        else:
-            b = E[c] @ Kc                                     # line 10: b := E_c k_*^c
-            H[c] = solve_lower_matrix(M, b)                   # line 11: c := E_c R M^T\(M\(R^T b)), via M\b
-            bk[c] = _column_dots(b, Kc)
-    hh = np.zeros((C, C, m))                                  # lines 12-14: Sigma_cc' := c^T k_*^c'  (3.43)
-    for i in range(n):                                        # = (M\b_c)^T (M\b_c'), for all test cases:
-        for c in range(C):                                    # one pass over H, row by row
+def _cross_dots(H):
+    """Sigma (m, C, C), Sigma[j, c, c'] = H[c, :, j]^T H[c', :, j], for H (C, n, m)."""
+    C, n, m = H.shape
+    hh = np.zeros((C, C, m))
+    for i in range(n):                                        # one pass over H, row by row
+        for c in range(C):
             for c2 in range(c + 1):
                 for j in range(m):
                     hh[c, c2, j] += H[c, i, j] * H[c2, i, j]
+    Sigma = np.empty((m, C, C))
     for c in range(C):
         for c2 in range(c + 1):
             for j in range(m):
-                Sigma_star[j, c, c2] += hh[c, c2, j]
-                if c2 != c:
-                    Sigma_star[j, c2, c] += hh[c, c2, j]
-    if use_G:                                                 # b_c^T k_* = (M^T k_*)^T (M\b_c), and
-        for c in range(C):                                    # M^T k_* = sum_c' M\b_c' (sum_c' E_c = M M^T)
+                Sigma[j, c, c2] = hh[c, c2, j]
+                Sigma[j, c2, c] = hh[c, c2, j]
+    return Sigma
+
+
+# Lines 8-16 of Algorithm 3.4 for many test cases, as its caption suggests: each E_c
+# is used once for all m test cases, and line 11's solve with M runs on all columns
+# together. With b_c = E_c k_c(x_*), line 13's Sigma_cc' = c^T k_c' equals
+# (M\b_c)^T (M\b_c'), so each class needs one triangular solve. When every class
+# has the same k_*, M\b_c = G_c k_* with G_c = M\E_c, and b_c^T k_* = (M^T k_*)^T (M\b_c)
+# where M^T k_* = sum_c' M\b_c' (since sum_c E_c = M M^T): line 15's b^T k_* is the sum
+# of row c of lines 12-14's Sigma_cc'. That leaves one product G_c k_* per class,
+# C n^2 m multiply-adds instead of 3 C n^2 m / 2 (with G given, or computed here,
+# C n^3 / 2 more, when m > n).
+
+@njit(cache=True)
+def _E_k_star_solves(E, M, G, K_star):
+    """H[c] = M\\b_c and b_c^T k_*^c with b_c = E_c k_*^c, for every class and test case,
+    (C, n, m) and (C, m): lines 10-11 of Algorithm 3.4 and the b^T k_*^c of its line 15."""
+    C, n, m = K_star.shape
+    H = np.empty((C, n, m))
+    bk = np.empty((C, m))
+    shared = _same_blocks(K_star)
+    if shared and G is None and m > n:
+        G = multiclass_G(E, M)
+    if shared and G is not None:                              # one k_* for all classes (see above)
+        for c in range(C):
+            np.dot(G[c], K_star[c], H[c])                     # M\b_c = (M\E_c) k_*
+        Sigma = _cross_dots(H)
+        for c in range(C):                                    # b_c^T k_* = sum_c' (M\b_c)^T (M\b_c')
             for j in range(m):
                 t = 0.0
                 for c2 in range(C):
-                    t += Sigma_star[j, c, c2]
+                    t += Sigma[j, c, c2]
                 bk[c, j] = t
+        return H, bk
     for c in range(C):
-        for j in range(m):
-            Sigma_star[j, c, c] += k_star_star[c, j] - bk[c, j]  # line 15: Sigma_cc += k_c(x_*, x_*) - b^T k_*^c
-    # departs from lines 18-19 in how f_* is drawn, to halve the work at the same S: the
-    # samples come in antithetic pairs f_* = mu_* +/- L z (L L^T = Sigma), both N(mu_*, Sigma),
-    # whose softmaxes share exp(d) (d = L z) and exp(mu_*); the (S + 1) // 2 vectors z are drawn
-    # once and used for every test case (each case's average stays unbiased).
+        b = E[c] @ K_star[c]                                  # b := E_c k_*^c
+        H[c] = solve_lower_matrix(M, b)                       # M\b, of c := E_c (R (M^T\(M\(R^T b))))
+        bk[c] = _column_dots(b, K_star[c])
+    return H, bk
+
+
+# Monte Carlo error of _antithetic_average: each pi_bar_*c is a mean of S/2
+# independent pair means in [0, 1], so its standard error is at most
+# 0.5 sqrt(2/S) (0.022 at S = 1000), and for probabilities near 0 or 1 far less,
+# because the pairs cancel the part of softmax that is linear in f_*. On digits at
+# S = 1000 (benchmarks/bench_multiclass.py, spread over 8 seeds) the largest
+# standard error over all test cases and classes was 0.014 (0.025 with S
+# independent samples per test case), the median 4.8e-3 (5.3e-3). The errors of
+# different test cases are correlated (they share z): average over seeds, not over
+# test cases, to judge a Monte Carlo error.
+
+@njit(cache=True)
+def _antithetic_average(mu_star, Sigma_star, S, seed):
+    """(1/S) sum_s softmax(f_*^s) with f_*^s ~ N(mu_star[:, j], Sigma_star[j]) for each test
+    case j, (C, m): the samples come in (S + 1) // 2 antithetic pairs mu_* +/- L z
+    (L L^T = Sigma), one set of z for all test cases."""
+    C, m = mu_star.shape
     pairs = (S + 1) // 2
     np.random.seed(seed)
     Z = np.empty((C, pairs))                                  # (C, S/2) standard normal
     for i in range(pairs):
         for c in range(C):
             Z[c, i] = np.random.standard_normal()
-    pi_bar_star = np.zeros((C, m))                            # line 17: pi_* := 0
+    pi_bar_star = np.zeros((C, m))
     D = np.empty((C, pairs))
     w = np.empty(C)
     a = np.empty(C)
@@ -1328,10 +1242,10 @@ def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0,
         mx = mu_star[:, j].max()
         for c in range(C):
             w[c] = math.exp(mu_star[c, j] - mx)               # exp(mu_*) / exp(max mu_*)
-        for i in range(pairs):                                # line 18: for i := 1..S (in pairs)
+        for i in range(pairs):                                # f_* = mu_* +/- d, both ~ N(mu_*, Sigma)
             if i % 4096 == 0:
                 check_interrupt()
-            lo = np.inf                                       # line 19: f_* = mu_* +/- d ~ N(mu_*, Sigma)
+            lo = np.inf
             hi = -np.inf
             for c in range(C):
                 lo = min(lo, D[c, i])
@@ -1348,7 +1262,7 @@ def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0,
                     t_minus += q[c]
                 t_plus = 1.0 / t_plus
                 t_minus = 1.0 / t_minus
-                for c in range(C):                            # line 20: pi_* += softmax(f_*)  (3.34), twice
+                for c in range(C):                            # softmax(f_*) (3.34), for both of the pair
                     pi_bar_star[c, j] += a[c] * t_plus + q[c] * t_minus
             else:                                             # the same with one exp per sample and class
                 for sign in (1.0, -1.0):
@@ -1361,8 +1275,64 @@ def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0,
                         tot += a[c]
                     for c in range(C):
                         pi_bar_star[c, j] += a[c] / tot
-    pi_bar_star /= 2 * pairs                                  # line 22: pi_bar_* := pi_* / S
-    return pi_bar_star, mu_star, Sigma_star                   # line 23
+    pi_bar_star /= 2 * pairs
+    return pi_bar_star
+
+
+@public(K="(C, n, n) psd", y="(C, n) onehot nonempty", f_hat="(C, n)", K_star="(C, n, m)",
+        k_star_star="(C, m)", S="count", seed="seed", E="(C, n, n) ?", M="(n, n) chol ?",
+        G="(C, n, n) ?", together=(("E", "M"),))
+@njit(cache=True)
+def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0, E=None, M=None,
+                               G=None):
+    """Predictions for multi-class Laplace GPC (GPML Algorithm 3.4).
+
+    Parameters
+    ----------
+    K, y, f_hat : ndarray, shapes (C, n, n), (C, n), (C, n)
+        Prior covariance blocks, one-hot targets, mode (laplace_mode_multiclass).
+    K_star : ndarray, shape (C, n, m)
+        k_c(X, x_*) for m test inputs, per class.
+    k_star_star : ndarray, shape (C, m)
+        k_c(x_*, x_*).
+    S, seed : int
+        Monte Carlo samples per test case (lines 17-22; an odd S is rounded
+        up) and their seed: the same seed gives the same numbers.
+    E, M : ndarray, optional
+        E and M at f_hat from laplace_mode_multiclass: skip lines 3-7.
+    G : ndarray, shape (C, n, n), optional
+        multiclass_G(E, M), reused when all classes share K_star.
+
+    Returns
+    -------
+    pi_bar_star (C, m), mu_star (C, m), Sigma_star (m, C, C): class
+    probabilities (line 23), latent means (3.41) and covariances (3.43).
+
+    Notes
+    -----
+    Lines 8-16 run for all test cases at once (see the comment above
+    _E_k_star_solves); lines 17-22 draw antithetic pairs (_antithetic_average).
+
+    Used in: lectures/sec3_05_multiclass_laplace.ipynb.
+    """
+    C, m = k_star_star.shape
+    pi = softmax(f_hat)                                       # line 2: pi and Pi from f_hat  (3.34)
+    if E is None:                                             # departs from lines 3-7: skipped when E, M are given
+        E, _, M = _multiclass_E_M(K, pi)                      # lines 3-7: for each c: L, E_c; M := cholesky(sum_c E_c)
+    # departs from lines 8-16: each line runs for all classes and test cases at once, because
+    # then E_c and M are applied to m columns together (see the comment above _E_k_star_solves)
+    mu_star = np.empty((C, m))
+    for c in range(C):                                        # line 8: for c := 1..C
+        mu_star[c] = (y[c] - pi[c]) @ K_star[c]               # line 9: mu_*^c := (y^c - pi^c)^T k_*^c  (3.41)
+    H, bk = _E_k_star_solves(E, M, G, K_star)                 # lines 10-11: b := E_c k_*^c, c := E_c (R (M^T\(M\(R^T b)))) as M\b
+    Sigma_star = _cross_dots(H)                               # lines 12-14: Sigma_cc' := c^T k_*^c' = (M\b_c)^T (M\b_c')  (3.43)
+    for c in range(C):
+        Sigma_star[:, c, c] += k_star_star[c] - bk[c]         # line 15: Sigma_cc := Sigma_cc + k_c(x_*, x_*) - b^T k_*^c
+    # departs from lines 17-22 in how f_* is drawn, to halve the work at the same S: the samples
+    # come in antithetic pairs f_* = mu_* +/- L z (L L^T = Sigma), both N(mu_*, Sigma), whose
+    # softmaxes share exp(L z) and exp(mu_*); the S/2 vectors z serve every test case
+    pi_bar_star = _antithetic_average(mu_star, Sigma_star, S, seed)  # lines 17-22: pi_bar_* := (1/S) sum_i softmax(f_*^i), f_*^i ~ N(mu_*, Sigma)
+    return pi_bar_star, mu_star, Sigma_star                   # line 23: return pi_bar_*
 
 
 @public(K="(C, n, n) psd", X="(n, d)", kernel="{se,ard,kg,kg_iso}", log_hyp="(C, p) loghyp",
@@ -1402,10 +1372,7 @@ def laplace_log_q_grad_multiclass(K, X, kernel, log_hyp, y, f_hat, a, E, M, disc
     v^c_i = A^i_cc - 2 (A^i pi_i)_c. Cost O(C n^3) once, O(C n^2) per
     hyperparameter.
     """
-    _check_multiclass(K, y)
     C, n = y.shape
-    if log_hyp.ndim != 2 or log_hyp.shape[0] != C:
-        raise ValueError("log_hyp must have shape (C, p)")
     pi = softmax(f_hat)
     g = y - pi                                                # grad log p(y|f_hat) = y - pi  (3.36)
     # blocks of A = K - K R K on the diagonal of each case: A^i_cc' =
