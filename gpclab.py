@@ -397,8 +397,6 @@ def logistic_gaussian_integral(mu, var):
     a smooth integrand for a 64-point Gauss-Laguerre rule. Absolute error
     below 1e-9 against adaptive quadrature (tests/test_numerics.py).
     """
-    if var < 0.0:
-        var = 0.0
     sd = math.sqrt(var)
     if sd <= 2.0:
         s = 0.0
@@ -745,9 +743,9 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
 
     Notes
     -----
-    One Cholesky factorisation, n^3/6, per step (line 5). Departures: lines 2
-    and 7-8 (warm start, step halving: _warm_start, _step_search); line 9
-    tests after lines 4-5, so that W and L belong to f_hat.
+    One Cholesky factorisation, n^3/6, per step (line 5). Departures: line 2
+    (a warm start, _warm_start), line 8 (step halving, _step_search), lines
+    9-10 run after lines 4-5, so that W and L belong to f_hat.
 
     Used in: lectures/sec3_04_binary_laplace.ipynb.
     """
@@ -777,7 +775,8 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
         c = solve_lower_transpose(L, solve_lower(L, sW * (K @ b)))
         a_new = b - sW * c                                   # line 7: a := b - W^1/2 L^T\(L\(W^1/2 K b))
         psi_old, log_q_old = psi, log_q
-        # departs from line 8: the step to f := K a is halved while it lowers the objective
+        # departs from line 8: the step to f := K a is halved while it lowers the objective,
+        # because far from the mode a full Newton step can overshoot (see _step_search)
         a, f, psi, step = _step_search(a, a_new - a, f, K @ a_new - f, psi, y, likelihood)  # line 8: f := K a
         if step == 0.0:
             break
@@ -1060,7 +1059,8 @@ def laplace_mode_multiclass(K, y, a_init=None, tol=1e-10, max_iter=100):
     Used in: lectures/sec3_05_multiclass_laplace.ipynb.
     """
     C = y.shape[0]
-    # departs from line 2 as laplace_mode does: a warm start (zeros when left out) if it beats f = 0
+    # departs from line 2 as laplace_mode does: starts from a_init (zeros when left out) if that
+    # beats f = 0, because the mode at nearby hyperparameters saves most Newton steps
     a, f, psi = _warm_start(a_init, _per_class(K, a_init), y, "softmax")  # line 2: f := 0
     n_iter, converged, psi_old = 0, False, -np.inf
     while True:                                               # line 3: repeat
@@ -1080,7 +1080,7 @@ def laplace_mode_multiclass(K, y, a_init=None, tol=1e-10, max_iter=100):
         a_new = b - cv + _per_class(E, np.ones((C, 1)) * r)   # line 13: a := b - c + E R M^T\(M\(R^T c))
         psi_old = psi
         # departs from line 14 as laplace_mode does from line 8: the step is halved while it
-        # lowers the objective
+        # lowers the objective, because far from the mode a full Newton step can overshoot
         a, f, psi, step = _step_search(a, a_new - a, f, _per_class(K, a_new) - f, psi, y, "softmax")  # line 14: f := K a
         if step == 0.0:
             break
@@ -1317,7 +1317,9 @@ def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0,
     """
     C, m = k_star_star.shape
     pi = softmax(f_hat)                                       # line 2: pi and Pi from f_hat  (3.34)
-    if E is None:                                             # departs from lines 3-7: skipped when E, M are given
+    # departs from lines 3-7: skipped when E and M are given, because laplace_mode_multiclass
+    # returns them at f_hat
+    if E is None:
         E, _, M = _multiclass_E_M(K, pi)                      # lines 3-7: for each c: L, E_c; M := cholesky(sum_c E_c)
     # departs from lines 8-16: each line runs for all classes and test cases at once, because
     # then E_c and M are applied to m columns together (see the comment above _E_k_star_solves)
