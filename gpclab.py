@@ -139,30 +139,7 @@ def n_hyp(kernel, d):
         return d + 2
     if kernel == "kg":
         return d + 3
-    if kernel == "kg_iso":
-        return 4
-    raise ValueError("kernel must be 'se', 'ard', 'kg' or 'kg_iso'")
-
-
-@njit(cache=True)
-def _check_kernel_args(kernel, d, log_hyp):
-    if log_hyp.shape[0] != n_hyp(kernel, d):
-        raise ValueError("log_hyp has the wrong length for this kernel: 'se' takes "
-                         "(log l, log sf), 'ard' (log v0, log v1, log w_1..log w_d), 'kg' "
-                         "(log t0, log t1, log t2, log l_1..log l_d), 'kg_iso' "
-                         "(log t0, log t1, log t2, log l)")
-
-
-@njit(cache=True)
-def _discrete_mask(discrete, d):
-    """The flags of K&G eq. 14 as a boolean (d,) array: True where input m is discrete."""
-    mask = np.zeros(d, np.bool_)
-    if discrete is not None:
-        if discrete.shape[0] != d:
-            raise ValueError("discrete must have one flag per input column")
-        for m in range(d):
-            mask[m] = discrete[m] != 0
-    return mask
+    return 4                                                  # "kg_iso"
 
 
 @njit(cache=True)
@@ -195,10 +172,7 @@ def kernel_matrix(kernel, X1, X2, log_hyp, discrete=None):
     """
     n1, d = X1.shape
     n2 = X2.shape[0]
-    if X2.shape[1] != d:
-        raise ValueError("X1 and X2 must have the same number of columns")
-    _check_kernel_args(kernel, d, log_hyp)
-    disc = _discrete_mask(discrete, d)
+    disc = discrete != 0.0                                    # (d,) True where input m is discrete
     K = np.empty((n1, n2))
     # the same array twice (K = k(X, X)): compute one triangle and mirror it
     symmetric = n1 == n2 and X1.ctypes.data == X2.ctypes.data
@@ -244,8 +218,7 @@ def kernel_matrix(kernel, X1, X2, log_hyp, discrete=None):
 @njit(cache=True)
 def kernel_diag(kernel, X, log_hyp):
     """k(x, x) for each row of X, shape (m,): the prior variances of test latents."""
-    m, d = X.shape
-    _check_kernel_args(kernel, d, log_hyp)
+    m = X.shape[0]
     if kernel == "se":
         return np.full(m, math.exp(2.0 * log_hyp[1]))
     if kernel == "kg" or kernel == "kg_iso":
@@ -259,10 +232,7 @@ def kernel_diag(kernel, X, log_hyp):
 def kernel_grad(kernel, X, log_hyp, K, j, discrete=None):
     """dK/d log_hyp[j], shape (n, n), given K = kernel_matrix(kernel, X, X, log_hyp, discrete)."""
     n, d = X.shape
-    _check_kernel_args(kernel, d, log_hyp)
-    if j < 0 or j >= log_hyp.shape[0]:
-        raise ValueError("j must index log_hyp")
-    disc = _discrete_mask(discrete, d)
+    disc = discrete != 0.0                                    # (d,) True where input m is discrete
     dK = np.empty((n, n))
     if kernel == "se":
         if j == 1:  # d/d log sf of sf^2 e(.) = 2 K
@@ -429,8 +399,6 @@ def logistic_gaussian_integral(mu, var):
     a smooth integrand for a 64-point Gauss-Laguerre rule. Absolute error
     below 1e-9 against adaptive quadrature (tests/test_numerics.py).
     """
-    if var < 0.0:
-        var = 0.0
     sd = math.sqrt(var)
     if sd <= 2.0:
         s = 0.0
@@ -515,9 +483,7 @@ def log_likelihood(likelihood, y, f):
     """Dispatch on the likelihood's name: 'logistic' (3.15) or 'probit' (3.16)."""
     if likelihood == "logistic":
         return logistic(y, f)
-    if likelihood == "probit":
-        return probit(y, f)
-    raise ValueError("likelihood must be 'logistic' or 'probit'")
+    return probit(y, f)
 
 
 @public(likelihood="{logistic,probit}", f_bar_star="(m,)", V_f_star="(m,)",
@@ -534,9 +500,7 @@ def averaged_probability(likelihood, f_bar_star, V_f_star, rule):
     """
     m = f_bar_star.shape[0]
     p = np.empty(m)
-    is_logistic = likelihood == "logistic"
-    if not is_logistic and likelihood != "probit":
-        raise ValueError("likelihood must be 'logistic' or 'probit'")
+    is_logistic = likelihood == "logistic"                    # else "probit"
     for i in range(m):
         fb = f_bar_star[i]
         V = max(V_f_star[i], 0.0)
@@ -547,13 +511,11 @@ def averaged_probability(likelihood, f_bar_star, V_f_star, rule):
                 p[i] = logistic_gaussian_integral(fb, V)
             else:
                 p[i] = std_normal_cdf(fb / math.sqrt(1.0 + V))  # (3.82)
-        elif rule == "mackay":
-            if not is_logistic:
+        else:                                                 # "mackay"
+            if not is_logistic:                               # no spec relates two arguments
                 raise ValueError("rule 'mackay' is for the logistic likelihood")
             kappa = 1.0 / math.sqrt(1.0 + math.pi * V / 8.0)
             p[i] = sigmoid(kappa * fb)
-        else:
-            raise ValueError("rule must be 'average', 'map' or 'mackay'")
     return p
 
 
@@ -675,9 +637,7 @@ def cholesky_inverse(L):
     uplo = np.array([ord("U")], np.uint8)
     nn = np.array([n], np.int32)
     info = np.zeros(1, np.int32)
-    _dpotri(uplo.ctypes, nn.ctypes, A.ctypes, nn.ctypes, info.ctypes)
-    if info[0] != 0:
-        raise ValueError("cholesky_inverse: L is singular")
+    _dpotri(uplo.ctypes, nn.ctypes, A.ctypes, nn.ctypes, info.ctypes)  # info = 0: L has no zero pivot
     for i in range(n):  # dpotri fills one triangle (C lower): mirror it
         for j in range(i):
             A[j, i] = A[i, j]
@@ -710,6 +670,53 @@ def _form_B(K, sW):
     return B
 
 
+@njit(cache=True)
+def _objective(a, f, y, likelihood):
+    """Psi = -1/2 a^T f + log p(y|f) with a = K^-1 f, up to constants: the objective of
+    Algorithm 3.1 (line 9, (3.12); y (n,), likelihood 'logistic' or 'probit') and of
+    Algorithm 3.3 (line 15, (3.35); y one-hot (C, n), the softmax)."""
+    if y.ndim == 1:
+        return -0.5 * (a @ f) + log_likelihood(likelihood, y, f)[0].sum()
+    return _multiclass_objective(a, f, y)
+
+
+# The two safeguards of Algorithms 3.1 and 3.3. The book's Newton iteration
+# starts at f = 0 and takes every full step. A warm start (the mode at nearby
+# hyperparameters, during ML-II) saves most steps, and is taken only if it
+# beats f = 0. A full Newton step can lower the objective far from the mode
+# (GPML's own code searches along the Newton direction): _step_search halves
+# it until the objective does not fall by more than rounding error, so a full
+# step is always taken near the mode, where Newton converges quadratically.
+
+@njit(cache=True)
+def _warm_start(a_init, f_init, y, likelihood):
+    """a, f and the objective at a_init (f_init = K a_init) if that beats f = 0, else at 0."""
+    a = np.zeros_like(a_init)
+    f = np.zeros_like(f_init)
+    psi = _objective(a, f, y, likelihood)
+    psi_init = _objective(a_init, f_init, y, likelihood)
+    if psi_init > psi:
+        return a_init.copy(), f_init, psi_init
+    return a, f, psi
+
+
+@njit(cache=True)
+def _step_search(a, da, f, df, psi, y, likelihood):
+    """The first of a + t da, f + t df, t = 1, 1/2, ..., 2^-30, whose objective is at
+    least psi - 1e-12 (1 + |psi|): returns a, f, the objective there and t; t = 0
+    (and a, f, psi unchanged) if none is."""
+    slack = 1e-12 * (1.0 + abs(psi))
+    step = 1.0
+    for _ in range(31):
+        a_t = a + step * da
+        f_t = f + step * df
+        psi_t = _objective(a_t, f_t, y, likelihood)
+        if psi_t >= psi - slack:
+            return a_t, f_t, psi_t, step
+        step *= 0.5
+    return a, f, psi, 0.0
+
+
 @public(returns=LaplaceMode, K="(n, n) psd", y="(n,) pm1 nonempty", likelihood="{logistic,probit}",
         a_init="(n,) ?0", tol="nonneg", max_iter="count")
 @njit(cache=True)
@@ -719,114 +726,65 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
     Parameters
     ----------
     K : ndarray, shape (n, n)
-        Prior covariance matrix K.
+        Prior covariance matrix.
     y : ndarray, shape (n,)
         Targets, -1 or +1.
-    likelihood : str
-        'logistic' (3.15) or 'probit' (3.16).
+    likelihood : {'logistic', 'probit'}
+        p(y|f), (3.15) or (3.16).
     a_init : ndarray, shape (n,), optional
-        Warm start a = K^-1 f (for example the `a` of a previous call at
-        nearby hyperparameters). Used only if its objective beats f = 0.
-    tol : float
-        Convergence: stop after a full Newton step that changed both the
-        objective of line 9 (Psi(f) up to constants) and log q by less than
-        tol (1 + |Psi| + |log q|).
-    max_iter : int
-        Maximum number of Newton steps.
+        Warm start a = K^-1 f, taken if it beats f = 0 (zeros when left out).
+    tol, max_iter : float, int
+        Stop after a full Newton step that changed the objective and log q by
+        less than tol (1 + |Psi| + |log q|); at most max_iter steps.
 
     Returns
     -------
-    LaplaceMode, a namedtuple of
-        f_hat (n,) the posterior mode; log_q the approximate log marginal
-        likelihood (3.32); a = K^-1 f_hat (n,); sW = W^1/2 (n,) and L (n, n),
-        cholesky(B) at f_hat, for reuse by the gradient and predictions;
-        n_iter Newton steps taken; converged (False also when no step along
-        the Newton direction raised the objective).
+    LaplaceMode: f_hat (n,), log_q (3.32), a = K^-1 f_hat, sW = W^1/2 and
+    L = cholesky(B) at f_hat, n_iter, converged (False also when no step along
+    the Newton direction raised the objective).
 
     Notes
     -----
-    Each step costs one Cholesky factorisation, n^3/6 (line 5). Departs from
-    the box where the caption asks: a Newton step that lowers the objective
-    (by more than rounding error) is halved until it does not, at most 30
-    times. The convergence test of line 9 is made after lines 4-5, so that W
-    and L returned belong to f_hat itself, and asks for log q to settle as
-    well as Psi: on separable data at a large signal variance Psi is flat
-    while f_hat still moves and log|B| with it.
+    One Cholesky factorisation, n^3/6, per step (line 5). Departures: line 2
+    (a warm start, _warm_start), line 8 (step halving, _step_search), lines
+    9-10 run after lines 4-5, so that W and L belong to f_hat.
 
     Used in: lectures/sec3_04_binary_laplace.ipynb.
     """
-    _check_K_y(K, y)
-    n = y.shape[0]
-    a = np.zeros(n)                                          # line 2: f := 0
-    f = np.zeros(n)
-    lp, dlp, d2lp, _ = log_likelihood(likelihood, y, f)
-    psi = lp.sum()                                           # -1/2 a^T f = 0 at f = 0
-    if a_init is not None:
-        if a_init.shape[0] != n:
-            raise ValueError("a_init must have length n")
-        # departs from line 2: warm start from a_init if it is better than 0
-        f_w = K @ a_init
-        lp_w, dlp_w, d2lp_w, _ = log_likelihood(likelihood, y, f_w)
-        psi_w = -0.5 * (a_init @ f_w) + lp_w.sum()
-        if psi_w > psi:
-            a, f, psi = a_init.copy(), f_w, psi_w
-            dlp, d2lp = dlp_w, d2lp_w
-    n_iter = 0
-    converged = False
-    psi_old = -np.inf
-    log_q_old = -np.inf
-    full_step = False
+    # departs from line 2: starts from a_init (zeros when left out) if that beats f = 0, because
+    # the mode at nearby hyperparameters saves most Newton steps during ML-II
+    a, f, psi = _warm_start(a_init, K @ a_init, y, likelihood)  # line 2: f := 0
+    n_iter, converged, full_step = 0, False, False
+    psi_old = log_q_old = -np.inf
     while True:                                              # line 3: repeat
         check_interrupt()
+        _, dlp, d2lp, _ = log_likelihood(likelihood, y, f)
         W = -d2lp                                            # line 4: W := -grad grad log p(y|f)  (3.15/3.16)
         sW = np.sqrt(W)
         L = np.linalg.cholesky(_form_B(K, sW))               # line 5: L := cholesky(I + W^1/2 K W^1/2)
-        log_q = psi - half_log_det(L)                        # line 10, at the current f
-        # line 9: until convergence. Departs from the caption's test on Psi
-        # alone: the last step must be a full Newton step that changed Psi and
-        # log q by less than tol relative to their size. At a large signal
-        # variance Psi is flat while f still moves, and log|B| follows f.
+        log_q = psi - half_log_det(L)                        # line 10: log q := -1/2 a^T f + log p(y|f) - sum_i log L_ii  (3.32)
+        # departs from lines 9-10: both are done here, after lines 4-5, so that W and L returned
+        # belong to f_hat; and line 9 asks log q as well as Psi to settle after a full step,
+        # relative to their size, because at a large signal variance Psi is flat while f still
+        # moves, and log|B| with it
         scale = 1.0 + abs(psi) + abs(log_q)
-        if (n_iter > 0 and full_step and psi - psi_old < tol * scale
-                and abs(log_q - log_q_old) < tol * scale):
+        if full_step and psi - psi_old < tol * scale and abs(log_q - log_q_old) < tol * scale:  # line 9: until convergence
             converged = True
             break
         if n_iter == max_iter:
             break
-        b = W * f + dlp                                      # line 6: b := W f + grad log p(y|f)
+        b = W * f + dlp                                      # line 6: b := W f + grad log p(y|f)  (3.18, 3.27)
         c = solve_lower_transpose(L, solve_lower(L, sW * (K @ b)))
-        a_new = b - sW * c                                   # line 7: a := b - W^1/2 L^T\(L\(W^1/2 K b))  (3.18, 3.27)
-        f_new = K @ a_new                                    # line 8: f := K a
-        # departs from lines 7-8: halve the step while it lowers the objective
-        # by more than rounding error (so that a full step is always taken
-        # near the mode, where Newton converges quadratically); 30 halvings
-        # without a rise end the search, not converged, at the last iterate
-        psi_old = psi
-        log_q_old = log_q
-        slack = 1e-12 * (1.0 + abs(psi_old))
-        da = a_new - a
-        df = f_new - f
-        step = 1.0
-        found = False
-        for _ in range(31):
-            a_t = a + step * da
-            f_t = f + step * df
-            lp_t, dlp_t, d2lp_t, _ = log_likelihood(likelihood, y, f_t)
-            psi_t = -0.5 * (a_t @ f_t) + lp_t.sum()          # objective: -1/2 a^T f + log p(y|f)
-            if psi_t >= psi_old - slack:
-                found = True
-                break
-            step *= 0.5
-        if not found:
+        a_new = b - sW * c                                   # line 7: a := b - W^1/2 L^T\(L\(W^1/2 K b))
+        psi_old, log_q_old = psi, log_q
+        # departs from line 8: the step to f := K a is halved while it lowers the objective,
+        # because far from the mode a full Newton step can overshoot (see _step_search)
+        a, f, psi, step = _step_search(a, a_new - a, f, K @ a_new - f, psi, y, likelihood)  # line 8: f := K a
+        if step == 0.0:
             break
         full_step = step == 1.0
-        a = a_t
-        f = f_t
-        psi = psi_t
-        dlp = dlp_t
-        d2lp = d2lp_t
         n_iter += 1
-    return f, log_q, a, sW, L, n_iter, converged        # line 11 (LaplaceMode)
+    return f, log_q, a, sW, L, n_iter, converged             # line 11: return f_hat, log q (LaplaceMode)
 
 
 @public(f_hat="(n,) nonempty", K="(n, n) psd", y="(n,) pm1", likelihood="{logistic,probit}", K_star="(n, m)",
@@ -839,57 +797,42 @@ def laplace_predict(f_hat, K, y, likelihood, K_star, k_star_star, rule="average"
     ----------
     f_hat : ndarray, shape (n,)
         Posterior mode, from laplace_mode (Algorithm 3.1).
-    K : ndarray, shape (n, n)
-        Prior covariance of the training latents, k(X, X).
-    y : ndarray, shape (n,)
-        Training targets, -1 or +1.
-    likelihood : str
-        'logistic' or 'probit'.
+    K, y, likelihood :
+        As laplace_mode: k(X, X), the -1/+1 targets, 'logistic' or 'probit'.
     K_star : ndarray, shape (n, m)
-        k(X, x_*) for m test inputs, one column per test case.
+        k(X, x_*), one column per test input.
     k_star_star : ndarray, shape (m,)
         k(x_*, x_*) for each test input.
-    rule : str
-        How line 7 is computed: 'average' (3.25; exact for probit, quadrature
-        for logistic), 'map' or 'mackay' (section 3.4.2).
+    rule : {'average', 'map', 'mackay'}
+        Line 7 as in the box (3.25), or one of the rules of section 3.4.2.
     L : ndarray, shape (n, n), optional
-        cholesky(B) at f_hat from laplace_mode; skips line 3, as the text
-        after the box suggests ("can be re-used").
+        cholesky(B) at f_hat, from laplace_mode ("can be re-used"): skips line 3.
 
     Returns
     -------
-    pi_bar_star : ndarray, shape (m,)
-        Predictive probability of class +1 (line 8).
-    f_bar_star, V_f_star : ndarray, shape (m,)
-        Latent predictive mean (3.21) and variance (3.24).
+    pi_bar_star, f_bar_star, V_f_star : ndarray, shape (m,)
+        Probability of class +1 (line 8), latent mean (3.21) and variance (3.24).
 
     Notes
     -----
-    n^3/6 once (line 3) and n^2 per test case (line 5); lines 4-7 are done for
-    all test cases at once, line 5 as one triangular solve with m columns.
+    n^3/6 once (line 3), n^2 per test case (line 5); lines 4-7 run for all
+    test cases at once.
 
     Used in: lectures/sec3_04_binary_laplace.ipynb.
     """
-    _check_K_y(K, y)
-    if f_hat.shape[0] != y.shape[0] or K_star.shape[0] != y.shape[0]:
-        raise ValueError("f_hat and K_star must have n rows, n = len(y)")
-    if k_star_star.shape[0] != K_star.shape[1]:
-        raise ValueError("k_star_star must have one entry per column of K_star")
     _, dlp, d2lp, _ = log_likelihood(likelihood, y, f_hat)
     W = -d2lp                                                # line 2: W := -grad grad log p(y|f^)
     sW = np.sqrt(W)
-    if L is None:
+    if L is None:                                            # departs from line 3: skipped when L is given
         L = np.linalg.cholesky(_form_B(K, sW))               # line 3: L := cholesky(I + W^1/2 K W^1/2)
-    elif L.shape[0] != K.shape[0] or L.shape[1] != K.shape[0]:
-        raise ValueError("L must have the shape of K")
     f_bar_star = K_star.T @ dlp                              # line 4: f_bar_* := k(x_*)^T grad log p(y|f^)  (3.21)
     sWK = np.empty_like(K_star)
     for i in range(K_star.shape[0]):
         sWK[i, :] = sW[i] * K_star[i, :]
-    v = solve_lower_matrix(L, sWK)                           # line 5: v := L\(W^1/2 k(x_*))
-    V_f_star = k_star_star - (v * v).sum(axis=0)             # line 6: V[f_*] := k(x_*, x_*) - v^T v  (3.24, 3.29)
-    pi_bar_star = averaged_probability(likelihood, f_bar_star, V_f_star, rule)  # line 7  (3.25)
-    return pi_bar_star, f_bar_star, V_f_star                 # line 8
+    v = solve_lower_matrix(L, sWK)                           # line 5: v := L\(W^1/2 k(x_*))  (3.24, 3.29)
+    V_f_star = k_star_star - (v * v).sum(axis=0)             # line 6: V[f_*] := k(x_*, x_*) - v^T v
+    pi_bar_star = averaged_probability(likelihood, f_bar_star, V_f_star, rule)  # line 7: pi_bar_* := int sigma(z) N(z|f_bar_*, V[f_*]) dz  (3.25)
+    return pi_bar_star, f_bar_star, V_f_star                 # line 8: return pi_bar_*
 
 
 @public(K="(n, n) psd", X="(n, d)", kernel="{se,ard,kg,kg_iso}", log_hyp="(p,) loghyp", y="(n,) pm1 nonempty",
@@ -929,7 +872,6 @@ def laplace_log_q_grad(K, X, kernel, log_hyp, y, likelihood, f_hat, a, L, discre
     hyperparameter. The same computation as GPML's Algorithm 5.1, with one
     n^3 solve fewer (see the comment at s2).
     """
-    _check_K_y(K, y)
     n = y.shape[0]
     _, dlp, d2lp, d3lp = log_likelihood(likelihood, y, f_hat)
     W = -d2lp
@@ -1049,33 +991,22 @@ def _check_one_hot(y):
 
 
 @njit(cache=True)
-def _check_multiclass(K, y):
-    if y.ndim != 2 or K.ndim != 3:
-        raise ValueError("K must have shape (C, n, n) and y shape (C, n)")
-    _check_one_hot(y)
-    C, n = y.shape
-    if K.shape[0] != C or K.shape[1] != n or K.shape[2] != n:
-        raise ValueError("K must have shape (C, n, n) to match y of shape (C, n)")
-
-
-@njit(cache=True)
 def _multiclass_E_M(K, pi):
-    """Lines 5-10 of Algorithm 3.3 (lines 3-7 of 3.4): E_c, sum_c z_c and M."""
+    """E_c, sum_c z_c and M := cholesky(sum_c E_c): lines 5-10 of Algorithm 3.3, 3-7 of 3.4."""
     C, n = pi.shape
-    E = np.empty((C, n, n))
+    E = np.empty((C, n, n))                                   # the diagonal blocks E_c of E
     E_sum = np.zeros((n, n))
     z = 0.0
-    for c in range(C):                                        # line 5: for c := 1..C
-        sD = np.sqrt(pi[c])
-        L = np.linalg.cholesky(_form_B(K[c], sD))             # line 6: L := cholesky(I + D_c^1/2 K_c D_c^1/2)
-        Ec = cholesky_inverse(L)                              # line 7: E_c := D_c^1/2 L^T\(L\D_c^1/2)
-        for i in range(n):
-            for j in range(n):
-                Ec[i, j] *= sD[i] * sD[j]
-        E[c] = Ec
-        E_sum += Ec
-        z += half_log_det(L)                                  # line 8: z_c := sum_i log L_ii
-    M = np.linalg.cholesky(E_sum)                             # line 10: M := cholesky(sum_c E_c)
+    for c in range(C):                                        # for c := 1..C
+        sD = np.sqrt(pi[c])                                   # D_c^1/2, (n,)
+        L = np.linalg.cholesky(_form_B(K[c], sD))             # L := cholesky(I + D_c^1/2 K_c D_c^1/2)
+        # departs from E_c := D_c^1/2 L^T\(L\D_c^1/2) (3.3 line 7, 3.4 line 5): the same matrix
+        # as B_c^-1 = L^-T L^-1 scaled by D_c^1/2 on both sides, because LAPACK forms B_c^-1
+        # from L in one call (cholesky_inverse) instead of two triangular solves with n columns
+        E[c] = cholesky_inverse(L) * np.outer(sD, sD)
+        E_sum += E[c]
+        z += half_log_det(L)                                  # z_c := sum_i log L_ii
+    M = np.linalg.cholesky(E_sum)                             # M := cholesky(sum_c E_c)
     return E, z, M
 
 
@@ -1088,6 +1019,15 @@ def _multiclass_objective(a, f, y):
     return -0.5 * (a * f).sum() + (y * f).sum() - _log_sum_exp(f)
 
 
+@njit(cache=True)
+def _per_class(A, x):
+    """A x for block-diagonal A: A_c x_c for each class, A (C, n, n), x (C, n)."""
+    out = np.empty(x.shape)
+    for c in range(A.shape[0]):
+        out[c] = A[c] @ x[c]
+    return out
+
+
 @public(returns=MultiLaplaceMode, K="(C, n, n) psd", y="(C, n) onehot nonempty",
         a_init="(C, n) ?0", tol="nonneg", max_iter="count")
 @njit(cache=True)
@@ -1097,93 +1037,61 @@ def laplace_mode_multiclass(K, y, a_init=None, tol=1e-10, max_iter=100):
     Parameters
     ----------
     K : ndarray, shape (C, n, n)
-        The C diagonal blocks K_c of the prior covariance (classes may have
-        different covariance functions).
+        The diagonal blocks K_c of the prior covariance, one per class.
     y : ndarray, shape (C, n)
         One-hot targets: y[c, i] = 1 if case i has class c (3.33).
     a_init : ndarray, shape (C, n), optional
-        Warm start a = K^-1 f, used if its objective beats f = 0.
-    tol, max_iter :
-        As laplace_mode: stop when a Newton step raises the objective of
-        line 15 by less than tol.
+        Warm start a = K^-1 f, taken if it beats f = 0 (zeros when left out).
+    tol, max_iter : float, int
+        Stop when a Newton step raises the objective by less than tol; at
+        most max_iter steps.
 
     Returns
     -------
-    MultiLaplaceMode, a namedtuple of
-        f_hat (C, n); log_q (3.44); a = K^-1 f_hat (C, n); E (C, n, n) and
-        M (n, n) at f_hat (lines 7 and 10), for reuse by the predictions and
-        the gradient; n_iter; converged.
+    MultiLaplaceMode: f_hat (C, n), log_q (3.44), a = K^-1 f_hat, E (C, n, n)
+    and M (n, n) at f_hat (lines 7, 10), n_iter, converged.
 
     Notes
     -----
     O((C + 1) n^3) per Newton step; no Cn x Cn matrix is formed. Departures:
-    the step-size safeguard of Algorithm 3.1; the convergence test comes
-    after lines 4-10 so that E and M belong to f_hat; and line 16 also
-    subtracts sum_i log M_ii: |I + W^1/2 K W^1/2| = prod_c |B_c| |sum_c E_c|
-    (by (3.46)-(3.47) and the determinant lemma), which the box leaves out;
-    lines 15-16 print + sum_i log sum_c exp f^c_i, the code subtracts it, as
-    log p(y|f) in (3.35) does.
+    lines 2 and 14 as Algorithm 3.1's (_warm_start, _step_search); line 15
+    tests after lines 4-10, so that E and M belong to f_hat; lines 15-16 (see
+    there).
 
     Used in: lectures/sec3_05_multiclass_laplace.ipynb.
     """
-    _check_multiclass(K, y)
-    C, n = y.shape
-    a = np.zeros((C, n))                                      # line 2: f := 0
-    f = np.zeros((C, n))
-    psi = _multiclass_objective(a, f, y)
-    if a_init is not None:
-        if a_init.shape[0] != C or a_init.shape[1] != n:
-            raise ValueError("a_init must have shape (C, n)")
-        # departs from line 2: warm start from a_init if it is better than 0
-        f_w = np.empty((C, n))
-        for c in range(C):
-            f_w[c] = K[c] @ a_init[c]
-        psi_w = _multiclass_objective(a_init, f_w, y)
-        if psi_w > psi:
-            a, f, psi = a_init.copy(), f_w, psi_w
-    n_iter = 0
-    converged = False
-    psi_old = -np.inf
+    C = y.shape[0]
+    # departs from line 2 as laplace_mode does: starts from a_init (zeros when left out) if that
+    # beats f = 0, because the mode at nearby hyperparameters saves most Newton steps
+    a, f, psi = _warm_start(a_init, _per_class(K, a_init), y, "softmax")  # line 2: f := 0
+    n_iter, converged, psi_old = 0, False, -np.inf
     while True:                                               # line 3: repeat
         check_interrupt()
-        pi = softmax(f)                                       # line 4: pi and Pi from f  (3.34)
-        E, z, M = _multiclass_E_M(K, pi)                      # lines 5-10
-        if n_iter > 0 and psi - psi_old < tol:                # line 15: until convergence
+        pi = softmax(f)                                       # line 4: pi and Pi from f  (3.34, Pi under 3.38)
+        E, z, M = _multiclass_E_M(K, pi)                      # lines 5-10: for each c: L, E_c, z_c; M := cholesky(sum_c E_c)
+        # departs from line 15: tested here, after lines 4-10, so that E and M returned belong to f_hat
+        if psi - psi_old < tol:                               # line 15: until convergence
             converged = True
             break
         if n_iter == max_iter:
             break
         pf = (pi * f).sum(axis=0)                             # (Pi^T f)_i = sum_c pi^c_i f^c_i
         b = pi * f - pi * pf + y - pi                         # line 11: b := (D - Pi Pi^T) f + y - pi  (3.39)
-        cv = np.empty((C, n))
-        for c in range(C):
-            cv[c] = E[c] @ (K[c] @ b[c])                      # line 12: c := E K b
-        r = solve_lower_transpose(M, solve_lower(M, cv.sum(axis=0)))
-        a_new = np.empty((C, n))
-        f_new = np.empty((C, n))
-        for c in range(C):
-            a_new[c] = b[c] - cv[c] + E[c] @ r                # line 13: a := b - c + E R M^T\(M\(R^T c))  (3.45, 3.47)
-            f_new[c] = K[c] @ a_new[c]                        # line 14: f := K a
-        # departs from lines 13-14: halve the step while it lowers the objective
-        # by more than rounding error (as in laplace_mode)
+        cv = _per_class(E, _per_class(K, b))                  # line 12: c := E K b  (3.39, 3.45, 3.47)
+        r = solve_lower_transpose(M, solve_lower(M, cv.sum(axis=0)))  # M^T\(M\(R^T c)), (n,)
+        a_new = b - cv + _per_class(E, np.ones((C, 1)) * r)   # line 13: a := b - c + E R M^T\(M\(R^T c))
         psi_old = psi
-        slack = 1e-12 * (1.0 + abs(psi_old))
-        da = a_new - a
-        df = f_new - f
-        step = 1.0
-        for _ in range(31):
-            a_t = a + step * da
-            f_t = f + step * df
-            psi = _multiclass_objective(a_t, f_t, y)          # objective of line 15 (its sign: see there)
-            if psi >= psi_old - slack:
-                break
-            step *= 0.5
-        a = a_t
-        f = f_t
+        # departs from line 14 as laplace_mode does from line 8: the step is halved while it
+        # lowers the objective, because far from the mode a full Newton step can overshoot
+        a, f, psi, step = _step_search(a, a_new - a, f, _per_class(K, a_new) - f, psi, y, "softmax")  # line 14: f := K a
+        if step == 0.0:
+            break
         n_iter += 1
-    # line 16 with the objective's log-sum-exp term subtracted, not added as printed (3.35, 3.44)
-    log_q = psi - z - half_log_det(M)                         # line 16: log q := objective - sum_c z_c  (3.44), - log|M|
-    return f, log_q, a, E, M, n_iter, converged         # line 17 (MultiLaplaceMode)
+    # departs from line 16: the log-sum-exp term enters the objective with a minus sign, as
+    # log p(y|f) (3.35) has it, and log q also subtracts sum_i log M_ii, because
+    # |I + W^1/2 K W^1/2| = prod_c |B_c| |sum_c E_c| by (3.46)-(3.47) and the determinant lemma
+    log_q = psi - z - half_log_det(M)                         # line 16: log q := objective - sum_c z_c  (3.44)
+    return f, log_q, a, E, M, n_iter, converged               # line 17: return f_hat, log q (MultiLaplaceMode)
 
 
 @njit(cache=True)
@@ -1241,137 +1149,86 @@ def _same_blocks(A):
     return True
 
 
-@public(K="(C, n, n) psd", y="(C, n) onehot nonempty", f_hat="(C, n)", K_star="(C, n, m)",
-        k_star_star="(C, m)", S="count", seed="seed", E="(C, n, n) ?", M="(n, n) chol ?",
-        G="(C, n, n) ?")
 @njit(cache=True)
-def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0, E=None, M=None,
-                               G=None):
-    """Predictions for multi-class Laplace GPC (GPML Algorithm 3.4).
-
-    Parameters
-    ----------
-    K : ndarray, shape (C, n, n)
-        Prior covariance blocks.
-    y : ndarray, shape (C, n)
-        One-hot training targets.
-    f_hat : ndarray, shape (C, n)
-        Posterior mode from laplace_mode_multiclass.
-    K_star : ndarray, shape (C, n, m)
-        k_c(X, x_*) for m test inputs, per class.
-    k_star_star : ndarray, shape (C, m)
-        k_c(x_*, x_*).
-    S : int
-        Monte Carlo samples per test case (lines 17-22), in S/2 antithetic
-        pairs (an odd S is rounded up).
-    seed : int
-        Seed of the Monte Carlo samples: the same seed gives the same numbers.
-    E, M : optional
-        E and M at f_hat from laplace_mode_multiclass; skip lines 2-7.
-    G : ndarray, shape (C, n, n), optional
-        multiclass_G(E, M), to reuse over several calls at the same f_hat
-        (GPClassifier keeps it from fit); used when all classes share K_star.
-
-    Returns
-    -------
-    pi_bar_star : ndarray, shape (C, m)
-        Predicted class probabilities E_q[pi(f_*)] (line 23).
-    mu_star : ndarray, shape (C, m)
-        Latent predictive means (3.41).
-    Sigma_star : ndarray, shape (m, C, C)
-        Latent predictive covariances (3.43).
-
-    Notes
-    -----
-    Lines 8-16 are reordered for many test cases, as the caption suggests:
-    each E_c is used once for all m test cases, and line 11's solve with M
-    runs on all columns together. With b_c = E_c k_c(x_*), line 13's
-    Sigma_cc' = c^T k_c' equals (M\\b_c)^T (M\\b_c'), so each class needs one
-    triangular solve. When every class has the same k_*, M\\b_c = G_c k_*
-    with G_c = M\\E_c, and b_c^T k_* = (M^T k_*)^T (M\\b_c) where
-    M^T k_* = sum_c' M\\b_c' (since sum_c E_c = M M^T): line 15's b^T k_* is
-    the sum of row c of lines 12-14's Sigma_cc'. That leaves one product
-    G_c k_* per class, C n^2 m multiply-adds instead of 3 C n^2 m / 2 (with G
-    given, or computed here, C n^3 / 2 more, when m > n).
-
-    Monte Carlo error: the samples come in antithetic pairs mu_* +/- L z,
-    and one set of S/2 vectors z serves every test case. Each pi_bar_*c is
-    then a mean of S/2 independent pair means in [0, 1], so its standard
-    error is at most 0.5 sqrt(2/S) (0.022 at S = 1000), and for probabilities
-    near 0 or 1 far less, because the pairs cancel the part of softmax that
-    is linear in f_*. On digits at S = 1000 (benchmarks/bench_multiclass.py,
-    spread over 8 seeds) the largest standard error over all test cases and
-    classes was 0.014 (0.025 with S independent samples per test case), the
-    median 4.8e-3 (5.3e-3). The errors of different test cases are
-    correlated (they share z): average over seeds, not over test cases, to
-    judge a Monte Carlo error.
-
-    Used in: lectures/sec3_05_multiclass_laplace.ipynb.
-    """
-    _check_multiclass(K, y)
-    C, n = y.shape
-    if f_hat.shape[0] != C or f_hat.shape[1] != n:
-        raise ValueError("f_hat must have shape (C, n)")
-    if K_star.ndim != 3 or K_star.shape[0] != C or K_star.shape[1] != n:
-        raise ValueError("K_star must have shape (C, n, m)")
-    m = K_star.shape[2]
-    if k_star_star.shape[0] != C or k_star_star.shape[1] != m:
-        raise ValueError("k_star_star must have shape (C, m)")
-    if S < 1:
-        raise ValueError("S must be a positive number of samples")
-    pi = softmax(f_hat)                                       # line 2: pi and Pi from f_hat
-    if E is None or M is None:
-        E, _, M = _multiclass_E_M(K, pi)                      # lines 3-7: E_c, M := cholesky(sum_c E_c)
-    mu_star = np.empty((C, m))
-    H = np.empty((C, n, m))
-    Sigma_star = np.zeros((m, C, C))
-    bk = np.empty((C, m))                                     # b^T k_*^c of line 15, per class
-    shared = _same_blocks(K_star)
-    if shared and G is None and m > n:
-        G = multiclass_G(E, M)
-    use_G = shared and G is not None                          # one k_* for all classes (see Notes)
-    for c in range(C):                                        # line 8: for c := 1..C (all test cases at once)
-        Kc = np.ascontiguousarray(K_star[c])
-        mu_star[c] = (y[c] - pi[c]) @ Kc                      # line 9: mu_*^c := (y^c - pi^c)^T k_*^c  (3.41)
-        if use_G:
-            np.dot(G[c], Kc, H[c])                            # lines 10-11: M\b = (M\E_c) k_*^c
-        else:
-            b = E[c] @ Kc                                     # line 10: b := E_c k_*^c
-            H[c] = solve_lower_matrix(M, b)                   # line 11: c := E_c R M^T\(M\(R^T b)), via M\b
-            bk[c] = _column_dots(b, Kc)
-    hh = np.zeros((C, C, m))                                  # lines 12-14: Sigma_cc' := c^T k_*^c'  (3.43)
-    for i in range(n):                                        # = (M\b_c)^T (M\b_c'), for all test cases:
-        for c in range(C):                                    # one pass over H, row by row
+def _cross_dots(H):
+    """Sigma (m, C, C), Sigma[j, c, c'] = H[c, :, j]^T H[c', :, j], for H (C, n, m)."""
+    C, n, m = H.shape
+    hh = np.zeros((C, C, m))
+    for i in range(n):                                        # one pass over H, row by row
+        for c in range(C):
             for c2 in range(c + 1):
                 for j in range(m):
                     hh[c, c2, j] += H[c, i, j] * H[c2, i, j]
+    Sigma = np.empty((m, C, C))
     for c in range(C):
         for c2 in range(c + 1):
             for j in range(m):
-                Sigma_star[j, c, c2] += hh[c, c2, j]
-                if c2 != c:
-                    Sigma_star[j, c2, c] += hh[c, c2, j]
-    if use_G:                                                 # b_c^T k_* = (M^T k_*)^T (M\b_c), and
-        for c in range(C):                                    # M^T k_* = sum_c' M\b_c' (sum_c' E_c = M M^T)
+                Sigma[j, c, c2] = hh[c, c2, j]
+                Sigma[j, c2, c] = hh[c, c2, j]
+    return Sigma
+
+
+# Lines 8-16 of Algorithm 3.4 for many test cases, as its caption suggests: each E_c
+# is used once for all m test cases, and line 11's solve with M runs on all columns
+# together. With b_c = E_c k_c(x_*), line 13's Sigma_cc' = c^T k_c' equals
+# (M\b_c)^T (M\b_c'), so each class needs one triangular solve. When every class
+# has the same k_*, M\b_c = G_c k_* with G_c = M\E_c, and b_c^T k_* = (M^T k_*)^T (M\b_c)
+# where M^T k_* = sum_c' M\b_c' (since sum_c E_c = M M^T): line 15's b^T k_* is the sum
+# of row c of lines 12-14's Sigma_cc'. That leaves one product G_c k_* per class,
+# C n^2 m multiply-adds instead of 3 C n^2 m / 2 (with G given, or computed here,
+# C n^3 / 2 more, when m > n).
+
+@njit(cache=True)
+def _E_k_star_solves(E, M, G, K_star):
+    """H[c] = M\\b_c and b_c^T k_*^c with b_c = E_c k_*^c, for every class and test case,
+    (C, n, m) and (C, m): lines 10-11 of Algorithm 3.4 and the b^T k_*^c of its line 15."""
+    C, n, m = K_star.shape
+    H = np.empty((C, n, m))
+    bk = np.empty((C, m))
+    shared = _same_blocks(K_star)
+    if shared and G is None and m > n:
+        G = multiclass_G(E, M)
+    if shared and G is not None:                              # one k_* for all classes (see above)
+        for c in range(C):
+            np.dot(G[c], K_star[c], H[c])                     # M\b_c = (M\E_c) k_*
+        Sigma = _cross_dots(H)
+        for c in range(C):                                    # b_c^T k_* = sum_c' (M\b_c)^T (M\b_c')
             for j in range(m):
                 t = 0.0
                 for c2 in range(C):
-                    t += Sigma_star[j, c, c2]
+                    t += Sigma[j, c, c2]
                 bk[c, j] = t
+        return H, bk
     for c in range(C):
-        for j in range(m):
-            Sigma_star[j, c, c] += k_star_star[c, j] - bk[c, j]  # line 15: Sigma_cc += k_c(x_*, x_*) - b^T k_*^c
-    # departs from lines 18-19 in how f_* is drawn, to halve the work at the same S: the
-    # samples come in antithetic pairs f_* = mu_* +/- L z (L L^T = Sigma), both N(mu_*, Sigma),
-    # whose softmaxes share exp(d) (d = L z) and exp(mu_*); the (S + 1) // 2 vectors z are drawn
-    # once and used for every test case (each case's average stays unbiased).
+        b = E[c] @ K_star[c]                                  # b := E_c k_*^c
+        H[c] = solve_lower_matrix(M, b)                       # M\b, of c := E_c (R (M^T\(M\(R^T b))))
+        bk[c] = _column_dots(b, K_star[c])
+    return H, bk
+
+
+# Monte Carlo error of _antithetic_average: each pi_bar_*c is a mean of S/2
+# independent pair means in [0, 1], so its standard error is at most
+# 0.5 sqrt(2/S) (0.022 at S = 1000), and for probabilities near 0 or 1 far less,
+# because the pairs cancel the part of softmax that is linear in f_*. On digits at
+# S = 1000 (benchmarks/bench_multiclass.py, spread over 8 seeds) the largest
+# standard error over all test cases and classes was 0.014 (0.025 with S
+# independent samples per test case), the median 4.8e-3 (5.3e-3). The errors of
+# different test cases are correlated (they share z): average over seeds, not over
+# test cases, to judge a Monte Carlo error.
+
+@njit(cache=True)
+def _antithetic_average(mu_star, Sigma_star, S, seed):
+    """(1/S) sum_s softmax(f_*^s) with f_*^s ~ N(mu_star[:, j], Sigma_star[j]) for each test
+    case j, (C, m): the samples come in (S + 1) // 2 antithetic pairs mu_* +/- L z
+    (L L^T = Sigma), one set of z for all test cases."""
+    C, m = mu_star.shape
     pairs = (S + 1) // 2
     np.random.seed(seed)
     Z = np.empty((C, pairs))                                  # (C, S/2) standard normal
     for i in range(pairs):
         for c in range(C):
             Z[c, i] = np.random.standard_normal()
-    pi_bar_star = np.zeros((C, m))                            # line 17: pi_* := 0
+    pi_bar_star = np.zeros((C, m))
     D = np.empty((C, pairs))
     w = np.empty(C)
     a = np.empty(C)
@@ -1387,10 +1244,10 @@ def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0,
         mx = mu_star[:, j].max()
         for c in range(C):
             w[c] = math.exp(mu_star[c, j] - mx)               # exp(mu_*) / exp(max mu_*)
-        for i in range(pairs):                                # line 18: for i := 1..S (in pairs)
+        for i in range(pairs):                                # f_* = mu_* +/- d, both ~ N(mu_*, Sigma)
             if i % 4096 == 0:
                 check_interrupt()
-            lo = np.inf                                       # line 19: f_* = mu_* +/- d ~ N(mu_*, Sigma)
+            lo = np.inf
             hi = -np.inf
             for c in range(C):
                 lo = min(lo, D[c, i])
@@ -1407,7 +1264,7 @@ def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0,
                     t_minus += q[c]
                 t_plus = 1.0 / t_plus
                 t_minus = 1.0 / t_minus
-                for c in range(C):                            # line 20: pi_* += softmax(f_*)  (3.34), twice
+                for c in range(C):                            # softmax(f_*) (3.34), for both of the pair
                     pi_bar_star[c, j] += a[c] * t_plus + q[c] * t_minus
             else:                                             # the same with one exp per sample and class
                 for sign in (1.0, -1.0):
@@ -1420,8 +1277,66 @@ def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0,
                         tot += a[c]
                     for c in range(C):
                         pi_bar_star[c, j] += a[c] / tot
-    pi_bar_star /= 2 * pairs                                  # line 22: pi_bar_* := pi_* / S
-    return pi_bar_star, mu_star, Sigma_star                   # line 23
+    pi_bar_star /= 2 * pairs
+    return pi_bar_star
+
+
+@public(K="(C, n, n) psd", y="(C, n) onehot nonempty", f_hat="(C, n)", K_star="(C, n, m)",
+        k_star_star="(C, m)", S="count", seed="seed", E="(C, n, n) ?", M="(n, n) chol ?",
+        G="(C, n, n) ?", together=(("E", "M"),))
+@njit(cache=True)
+def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0, E=None, M=None,
+                               G=None):
+    """Predictions for multi-class Laplace GPC (GPML Algorithm 3.4).
+
+    Parameters
+    ----------
+    K, y, f_hat : ndarray, shapes (C, n, n), (C, n), (C, n)
+        Prior covariance blocks, one-hot targets, mode (laplace_mode_multiclass).
+    K_star : ndarray, shape (C, n, m)
+        k_c(X, x_*) for m test inputs, per class.
+    k_star_star : ndarray, shape (C, m)
+        k_c(x_*, x_*).
+    S, seed : int
+        Monte Carlo samples per test case (lines 17-22; an odd S is rounded
+        up) and their seed: the same seed gives the same numbers.
+    E, M : ndarray, optional
+        E and M at f_hat from laplace_mode_multiclass: skip lines 3-7.
+    G : ndarray, shape (C, n, n), optional
+        multiclass_G(E, M), reused when all classes share K_star.
+
+    Returns
+    -------
+    pi_bar_star (C, m), mu_star (C, m), Sigma_star (m, C, C): class
+    probabilities (line 23), latent means (3.41) and covariances (3.43).
+
+    Notes
+    -----
+    Lines 8-16 run for all test cases at once (see the comment above
+    _E_k_star_solves); lines 17-22 draw antithetic pairs (_antithetic_average).
+
+    Used in: lectures/sec3_05_multiclass_laplace.ipynb.
+    """
+    C, m = k_star_star.shape
+    pi = softmax(f_hat)                                       # line 2: pi and Pi from f_hat  (3.34)
+    # departs from lines 3-7: skipped when E and M are given, because laplace_mode_multiclass
+    # returns them at f_hat
+    if E is None:
+        E, _, M = _multiclass_E_M(K, pi)                      # lines 3-7: for each c: L, E_c; M := cholesky(sum_c E_c)
+    # departs from lines 8-16: each line runs for all classes and test cases at once, because
+    # then E_c and M are applied to m columns together (see the comment above _E_k_star_solves)
+    mu_star = np.empty((C, m))
+    for c in range(C):                                        # line 8: for c := 1..C
+        mu_star[c] = (y[c] - pi[c]) @ K_star[c]               # line 9: mu_*^c := (y^c - pi^c)^T k_*^c  (3.41)
+    H, bk = _E_k_star_solves(E, M, G, K_star)                 # lines 10-11: b := E_c k_*^c, c := E_c (R (M^T\(M\(R^T b)))) as M\b
+    Sigma_star = _cross_dots(H)                               # lines 12-14: Sigma_cc' := c^T k_*^c' = (M\b_c)^T (M\b_c')  (3.43)
+    for c in range(C):
+        Sigma_star[:, c, c] += k_star_star[c] - bk[c]         # line 15: Sigma_cc := Sigma_cc + k_c(x_*, x_*) - b^T k_*^c
+    # departs from lines 17-22 in how f_* is drawn, to halve the work at the same S: the samples
+    # come in antithetic pairs f_* = mu_* +/- L z (L L^T = Sigma), both N(mu_*, Sigma), whose
+    # softmaxes share exp(L z) and exp(mu_*); the S/2 vectors z serve every test case
+    pi_bar_star = _antithetic_average(mu_star, Sigma_star, S, seed)  # lines 17-22: pi_bar_* := (1/S) sum_i softmax(f_*^i), f_*^i ~ N(mu_*, Sigma)
+    return pi_bar_star, mu_star, Sigma_star                   # line 23: return pi_bar_*
 
 
 @public(K="(C, n, n) psd", X="(n, d)", kernel="{se,ard,kg,kg_iso}", log_hyp="(C, p) loghyp",
@@ -1461,10 +1376,7 @@ def laplace_log_q_grad_multiclass(K, X, kernel, log_hyp, y, f_hat, a, E, M, disc
     v^c_i = A^i_cc - 2 (A^i pi_i)_c. Cost O(C n^3) once, O(C n^2) per
     hyperparameter.
     """
-    _check_multiclass(K, y)
     C, n = y.shape
-    if log_hyp.ndim != 2 or log_hyp.shape[0] != C:
-        raise ValueError("log_hyp must have shape (C, p)")
     pi = softmax(f_hat)
     g = y - pi                                                # grad log p(y|f_hat) = y - pi  (3.36)
     # blocks of A = K - K R K on the diagonal of each case: A^i_cc' =

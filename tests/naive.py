@@ -268,3 +268,24 @@ def laplace_log_q_mp(K, y, lik, dps=50, max_iter=400):
         x = mp.lu_solve(A, mp.matrix([t[2] * fi + t[1] for t, fi in zip(L3, fm)]))  # a = K^-1 f
         psi = -sum(x[i] * fm[i] for i in range(n)) / 2 + sum(t[0] for t in L3)
         return psi - mp.log(mp.det(A)) / 2, fm
+
+
+def newton_objective(a, f, y, lik):
+    """Psi = -1/2 a^T f + log p(y|f) (3.12, 3.35 up to constants): y (n,) with lik 'logistic' or
+    'probit', or one-hot y (C, n) with the softmax (lik ignored)."""
+    if y.ndim == 1:
+        log_p = -np.logaddexp(0.0, -y * f) if lik == "logistic" else log_ndtr(y * f)
+        return -0.5 * a @ f + log_p.sum()
+    from scipy.special import logsumexp
+    return -0.5 * (a * f).sum() + (y * f).sum() - logsumexp(f, axis=0).sum()
+
+
+def step_search(a, da, f, df, psi, y, lik):
+    """Newton step halving, plainly: the first t of 1, 1/2, ..., 2^-30 at which the objective is at
+    least psi - 1e-12 (1 + |psi|), and the objective there; (0, psi) if there is none."""
+    for k in range(31):
+        t = 0.5 ** k
+        value = newton_objective(a + t * da, f + t * df, y, lik)
+        if value >= psi - 1e-12 * (1 + abs(psi)):
+            return t, value
+    return 0.0, psi

@@ -103,6 +103,46 @@ def test_warm_start_reaches_the_same_mode():
     assert warm.n_iter < cold.n_iter
 
 
+@pytest.mark.parametrize("lik", LIKS)
+def test_step_search_equals_plain_halving(lik):
+    """_step_search (the safeguard of Alg. 3.1 line 8 and 3.3 line 14) takes the step a plain halving
+    loop takes: a full step, some halvings, or none (t = 0, the point unchanged)."""
+    X, y, K = _problem(4)
+    r = np.random.default_rng(1)
+    a = 0.1 * r.standard_normal(len(y))
+    f = K @ a
+    psi = naive.newton_objective(a, f, y, lik)
+    ascent = naive.LIKS[lik](y, f)[1] - a                       # da along K^-1 grad Psi(f)
+    steps = []
+    for scale in [0.1, 100.0]:
+        da = scale * ascent
+        t_ref, psi_ref = naive.step_search(a, da, f, K @ da, psi, y, lik)
+        a_t, f_t, psi_t, t = gpclab._step_search(a, da, f, K @ da, psi, y, lik)
+        assert t == t_ref
+        np.testing.assert_array_equal(a_t, a + t * da)
+        assert psi_t == pytest.approx(psi_ref, rel=1e-12)
+        steps.append(t)
+    assert steps[0] == 1.0 and 0.0 < steps[1] < 0.5             # a full step and several halvings
+    # downhill (Psi is concave) nothing reaches psi + 1
+    a_t, f_t, psi_t, t = gpclab._step_search(a, -da, f, -K @ da, psi + 1.0, y, lik)
+    assert t == 0.0 and psi_t == psi + 1.0
+    np.testing.assert_array_equal(a_t, a)
+    np.testing.assert_array_equal(f_t, f)
+
+
+@pytest.mark.parametrize("lik", LIKS)
+def test_a_worse_warm_start_is_not_taken(lik):
+    """Alg. 3.1 line 2 with a warm start whose objective is below that of f = 0: the iteration starts
+    at f = 0, so the result is the cold start's, bit for bit."""
+    X, y, K = _problem(4)
+    cold = gpclab.laplace_mode(K, y, lik)
+    bad = -3.0 * cold.a
+    assert naive.newton_objective(bad, K @ bad, y, lik) < naive.newton_objective(0 * bad, 0 * bad, y, lik)
+    warm = gpclab.laplace_mode(K, y, lik, bad)
+    np.testing.assert_array_equal(warm.f_hat, cold.f_hat)
+    assert warm.log_q == cold.log_q and warm.n_iter == cold.n_iter
+
+
 def test_nonconvergence_is_flagged():
     X, y, K = _problem(5)
     res = gpclab.laplace_mode(K, y, "logistic", None, 1e-10, 1)

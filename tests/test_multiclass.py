@@ -182,6 +182,46 @@ def test_bad_input_raises():
     res = gpclab.laplace_mode_multiclass(K, y)
     with pytest.raises(ValueError, match="S must be a positive integer"):
         gpclab.laplace_predict_multiclass(K, y, res.f_hat, np.zeros((2, 3, 1)), np.ones((2, 1)), 0)
+    with pytest.raises(ValueError, match="laplace_predict_multiclass: E and M go together"):
+        gpclab.laplace_predict_multiclass(K, y, res.f_hat, np.zeros((2, 3, 1)), np.ones((2, 1)), E=res.E)
+
+
+def test_step_search_equals_plain_halving_for_the_softmax():
+    """The step halving of Alg. 3.3 line 14 is Alg. 3.1's _step_search on (C, n) arrays: it takes the
+    step a plain halving loop takes on the softmax objective (3.35)."""
+    X, y, h, K = _problem(2, 3)
+    r = np.random.default_rng(4)
+    a = 0.1 * r.standard_normal(y.shape)
+    f = np.stack([K[c] @ a[c] for c in range(3)])
+    psi = naive.newton_objective(a, f, y, None)
+    e = np.exp(f - f.max(axis=0))
+    ascent = y - e / e.sum(axis=0) - a                          # K^-1 grad Psi(f), (3.36)
+    steps = []
+    for scale in [0.1, 100.0]:
+        da = scale * ascent
+        df = np.stack([K[c] @ da[c] for c in range(3)])
+        t_ref, psi_ref = naive.step_search(a, da, f, df, psi, y, None)
+        a_t, f_t, psi_t, t = gpclab._step_search(a, da, f, df, psi, y, "softmax")
+        assert t == t_ref
+        np.testing.assert_array_equal(f_t, f + t * df)
+        assert psi_t == pytest.approx(psi_ref, rel=1e-12)
+        steps.append(t)
+    assert steps[0] == 1.0 and 0.0 < steps[1] < 0.5
+    a_t, f_t, psi_t, t = gpclab._step_search(a, -da, f, -df, psi + 1.0, y, "softmax")
+    assert t == 0.0 and psi_t == psi + 1.0
+    np.testing.assert_array_equal(a_t, a)
+
+
+def test_a_worse_warm_start_is_not_taken():
+    """Alg. 3.3 line 2 with a warm start worse than f = 0 gives the cold start's result, bit for bit."""
+    X, y, h, K = _problem(1, 3)
+    cold = gpclab.laplace_mode_multiclass(K, y)
+    bad = -3.0 * cold.a
+    f_bad = np.stack([K[c] @ bad[c] for c in range(3)])
+    assert naive.newton_objective(bad, f_bad, y, None) < naive.newton_objective(0 * bad, 0 * bad, y, None)
+    warm = gpclab.laplace_mode_multiclass(K, y, bad)
+    np.testing.assert_array_equal(warm.f_hat, cold.f_hat)
+    assert warm.log_q == cold.log_q and warm.n_iter == cold.n_iter
 
 
 def _three_blobs(seed, n_per=15):
