@@ -3140,6 +3140,10 @@ BOXES = {
             (10, "log q(y|X, θ) := −½ a^T f + log p(y|f) − ∑_i log L_ii  eq. (3.32)"),
             (11, "return: f̂ := f (post. mode), log q(y|X, θ) (approx. log marg. likelihood)"),
         ),
+        "moved": {
+            9: "tested right after lines 4-5, so that the W and L returned belong to f̂ itself",
+            10: "log q at each f, after line 5: line 9 asks it to settle as well as Ψ",
+        },
     },
     "3.2": {
         "title": "Predictions for binary Laplace GPC",
@@ -3179,6 +3183,9 @@ BOXES = {
             (16, "log q(y|X, θ) := −½ a^T f + y^T f + ∑_i log(∑_c exp(f_c^i)) − ∑_c z_c  eq. (3.44)"),
             (17, "return: f̂ := f (post. mode), log q(y|X, θ) (approx. log marg. likelihood)"),
         ),
+        "moved": {
+            15: "tested right after lines 4-10, so that the E and M returned belong to f̂ itself",
+        },
     },
     "3.4": {
         "title": "Predictions for multi-class Laplace GPC",
