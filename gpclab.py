@@ -673,35 +673,36 @@ def _form_B(K, sW):
 @njit(cache=True)
 def _objective(a, f, y, likelihood):
     """Psi = -1/2 a^T f + log p(y|f) with a = K^-1 f, up to constants: the objective of
-    Algorithm 3.1 (line 9, (3.12); y (n,), likelihood 'logistic' or 'probit') and of
-    Algorithm 3.3 (line 15, (3.35); y one-hot (C, n), the softmax)."""
-    if y.ndim == 1:
-        return -0.5 * (a @ f) + log_likelihood(likelihood, y, f)[0].sum()
-    return _multiclass_objective(a, f, y)
+    Algorithm 3.1 (line 9, (3.12))."""
+    return -0.5 * (a @ f) + log_likelihood(likelihood, y, f)[0].sum()
 
 
-# The two safeguards of Algorithms 3.1 and 3.3. The book's Newton iteration
-# starts at f = 0 and takes every full step. A warm start (the mode at nearby
-# hyperparameters, during ML-II) saves most steps, and is taken only if it
-# beats f = 0. A full Newton step can lower the objective far from the mode
-# (GPML's own code searches along the Newton direction): _step_search halves
-# it until the objective does not fall by more than rounding error, so a full
-# step is always taken near the mode, where Newton converges quadratically.
+# The two safeguards of Algorithms 3.1 and 3.3, for the objective given:
+# _objective or _multiclass_objective, of (a, f, y, likelihood).
+# The book's Newton iteration starts at f = 0 and takes every full step. A
+# warm start (the mode at nearby hyperparameters, during ML-II) saves most
+# steps, and is taken only if it beats f = 0. A full Newton step can lower the
+# objective far from the mode (GPML's own code searches along the Newton
+# direction): _step_search halves it until the objective does not fall by
+# more than rounding error, so a full step is always taken near the mode,
+# where Newton converges quadratically. numba compiles both into each caller
+# (inline="always"), so that every numba function of the file keeps one set
+# of argument types (see the compile command in Part III).
 
-@njit(cache=True)
-def _warm_start(a_init, f_init, y, likelihood):
+@njit(cache=True, inline="always")
+def _warm_start(objective, a_init, f_init, y, likelihood):
     """a, f and the objective at a_init (f_init = K a_init) if that beats f = 0, else at 0."""
     a = np.zeros_like(a_init)
     f = np.zeros_like(f_init)
-    psi = _objective(a, f, y, likelihood)
-    psi_init = _objective(a_init, f_init, y, likelihood)
+    psi = objective(a, f, y, likelihood)
+    psi_init = objective(a_init, f_init, y, likelihood)
     if psi_init > psi:
         return a_init.copy(), f_init, psi_init
     return a, f, psi
 
 
-@njit(cache=True)
-def _step_search(a, da, f, df, psi, y, likelihood):
+@njit(cache=True, inline="always")
+def _step_search(objective, a, da, f, df, psi, y, likelihood):
     """The first of a + t da, f + t df, t = 1, 1/2, ..., 2^-30, whose objective is at
     least psi - 1e-12 (1 + |psi|): returns a, f, the objective there and t; t = 0
     (and a, f, psi unchanged) if none is."""
@@ -710,7 +711,7 @@ def _step_search(a, da, f, df, psi, y, likelihood):
     for _ in range(31):
         a_t = a + step * da
         f_t = f + step * df
-        psi_t = _objective(a_t, f_t, y, likelihood)
+        psi_t = objective(a_t, f_t, y, likelihood)
         if psi_t >= psi - slack:
             return a_t, f_t, psi_t, step
         step *= 0.5
@@ -753,7 +754,7 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
     """
     # departs from line 2: starts from a_init (zeros when left out) if that beats f = 0, because
     # the mode at nearby hyperparameters saves most Newton steps during ML-II
-    a, f, psi = _warm_start(a_init, K @ a_init, y, likelihood)  # line 2: f := 0
+    a, f, psi = _warm_start(_objective, a_init, K @ a_init, y, likelihood)  # line 2: f := 0
     n_iter, converged, full_step = 0, False, False
     psi_old = log_q_old = -np.inf
     while True:                                              # line 3: repeat
@@ -779,7 +780,7 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
         psi_old, log_q_old = psi, log_q
         # departs from line 8: the step to f := K a is halved while it lowers the objective,
         # because far from the mode a full Newton step can overshoot (see _step_search)
-        a, f, psi, step = _step_search(a, a_new - a, f, K @ a_new - f, psi, y, likelihood)  # line 8: f := K a
+        a, f, psi, step = _step_search(_objective, a, a_new - a, f, K @ a_new - f, psi, y, likelihood)  # line 8: f := K a
         if step == 0.0:
             break
         full_step = step == 1.0
@@ -1011,8 +1012,9 @@ def _multiclass_E_M(K, pi):
 
 
 @njit(cache=True)
-def _multiclass_objective(a, f, y):
-    """-1/2 a^T f + y^T f - sum_i log sum_c exp f^c_i: Psi (3.35) without its constants."""
+def _multiclass_objective(a, f, y, likelihood):
+    """-1/2 a^T f + y^T f - sum_i log sum_c exp f^c_i: Psi (3.35) without its constants, the
+    objective of Algorithm 3.3 (line 15); likelihood is "softmax", as the name of (3.34)."""
     # departs from Algorithm 3.3 lines 15-16, which print + sum_i log sum_c exp f^c_i:
     # log p(y|f) = y^T f - sum_i log sum_c exp f^c_i (3.35), the softmax's normaliser
     # enters with a minus sign; with + the objective would grow without bound in f
@@ -1063,7 +1065,7 @@ def laplace_mode_multiclass(K, y, a_init=None, tol=1e-10, max_iter=100):
     C = y.shape[0]
     # departs from line 2 as laplace_mode does: starts from a_init (zeros when left out) if that
     # beats f = 0, because the mode at nearby hyperparameters saves most Newton steps
-    a, f, psi = _warm_start(a_init, _per_class(K, a_init), y, "softmax")  # line 2: f := 0
+    a, f, psi = _warm_start(_multiclass_objective, a_init, _per_class(K, a_init), y, "softmax")  # line 2: f := 0
     n_iter, converged, psi_old = 0, False, -np.inf
     while True:                                               # line 3: repeat
         check_interrupt()
@@ -1083,7 +1085,7 @@ def laplace_mode_multiclass(K, y, a_init=None, tol=1e-10, max_iter=100):
         psi_old = psi
         # departs from line 14 as laplace_mode does from line 8: the step is halved while it
         # lowers the objective, because far from the mode a full Newton step can overshoot
-        a, f, psi, step = _step_search(a, a_new - a, f, _per_class(K, a_new) - f, psi, y, "softmax")  # line 14: f := K a
+        a, f, psi, step = _step_search(_multiclass_objective, a, a_new - a, f, _per_class(K, a_new) - f, psi, y, "softmax")  # line 14: f := K a
         if step == 0.0:
             break
         n_iter += 1

@@ -117,14 +117,14 @@ def test_step_search_equals_plain_halving(lik):
     for scale in [0.1, 100.0]:
         da = scale * ascent
         t_ref, psi_ref = naive.step_search(a, da, f, K @ da, psi, y, lik)
-        a_t, f_t, psi_t, t = gpclab._step_search(a, da, f, K @ da, psi, y, lik)
+        a_t, f_t, psi_t, t = gpclab._step_search(gpclab._objective, a, da, f, K @ da, psi, y, lik)
         assert t == t_ref
         np.testing.assert_array_equal(a_t, a + t * da)
         assert psi_t == pytest.approx(psi_ref, rel=1e-12)
         steps.append(t)
     assert steps[0] == 1.0 and 0.0 < steps[1] < 0.5             # a full step and several halvings
     # downhill (Psi is concave) nothing reaches psi + 1
-    a_t, f_t, psi_t, t = gpclab._step_search(a, -da, f, -K @ da, psi + 1.0, y, lik)
+    a_t, f_t, psi_t, t = gpclab._step_search(gpclab._objective, a, -da, f, -K @ da, psi + 1.0, y, lik)
     assert t == 0.0 and psi_t == psi + 1.0
     np.testing.assert_array_equal(a_t, a)
     np.testing.assert_array_equal(f_t, f)

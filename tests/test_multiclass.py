@@ -201,13 +201,13 @@ def test_step_search_equals_plain_halving_for_the_softmax():
         da = scale * ascent
         df = np.stack([K[c] @ da[c] for c in range(3)])
         t_ref, psi_ref = naive.step_search(a, da, f, df, psi, y, None)
-        a_t, f_t, psi_t, t = gpclab._step_search(a, da, f, df, psi, y, "softmax")
+        a_t, f_t, psi_t, t = gpclab._step_search(gpclab._multiclass_objective, a, da, f, df, psi, y, "softmax")
         assert t == t_ref
         np.testing.assert_array_equal(f_t, f + t * df)
         assert psi_t == pytest.approx(psi_ref, rel=1e-12)
         steps.append(t)
     assert steps[0] == 1.0 and 0.0 < steps[1] < 0.5
-    a_t, f_t, psi_t, t = gpclab._step_search(a, -da, f, -df, psi + 1.0, y, "softmax")
+    a_t, f_t, psi_t, t = gpclab._step_search(gpclab._multiclass_objective, a, -da, f, -df, psi + 1.0, y, "softmax")
     assert t == 0.0 and psi_t == psi + 1.0
     np.testing.assert_array_equal(a_t, a)
 
