@@ -4125,7 +4125,7 @@ def exact_log_evidence_probit(K, y, releps=1e-5, abseps=1e-14, maxpts=None):
     """The exact log p(y|X) of the probit model, for small n (up to about 15).
 
     With Gaussian latent noise e ~ N(0, I), the probit likelihood is a step
-    function of f + e (exercise 3.10.1), so p(y|X) is the orthant probability
+    function of f + e (GPML section 3.3), so p(y|X) is the orthant probability
     P(y_i (f_i + e_i) > 0 for all i) with f + e ~ N(0, K + I): the normal cdf
     at 0 of N(0, D (K + I) D), D = diag(y). Computed by scipy's
     multivariate normal cdf (Genz's quasi-Monte Carlo method; exact

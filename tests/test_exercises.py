@@ -6,11 +6,13 @@ Every assignment is released (one `nbgrader generate_assignment` for all) and au
 - "unsolved": the untouched release;
 - "correct_<name>": the release completed with a correct solution written differently
   (tests/exercise_corpus/<assignment>.py, CORRECT);
-- "mistake_<name>": the instructor's solution with one typical mistake in one answer cell
-  (MISTAKES, which also names the test cells that must lose points).
+- "mistake_<name>": the instructor's solution with one typical mistake in one answer cell, and
+  sometimes a correct later part that calls the mistaken function (MISTAKES, which also names the
+  test cells that must lose points).
 Correct submissions must get full marks, and a mistake must cost points in exactly the test
 cells named for it and nowhere else (so no cascades from one part into another).
 """
+import ast
 import glob
 import os
 import re
@@ -83,6 +85,11 @@ def graded(tmp_path_factory):
     logs = {}
     try:
         t0 = time.perf_counter()
+        # autograde runs each kernel in a sandbox that reads numba's cache but cannot write it:
+        # warm it first (as the README asks), or every submission compiles gpclab's functions anew
+        warm = subprocess.run([sys.executable, "-c", "import gpclab; gpclab.compile_paths(['laplace', 'multiclass', 'ep'])"],
+                              cwd=ROOT, capture_output=True, text=True)
+        assert warm.returncode == 0, warm.stdout + warm.stderr
         logs["generate"] = _nbgrader(course, "generate_assignment", "*")
         for a in ASSIGNMENTS:
             corpus = _corpus(a)
@@ -164,8 +171,11 @@ def test_corpus_is_complete(assignment):
     assert len(corpus["CORRECT"]) >= 2 and len(corpus["MISTAKES"]) >= 3
     for name, (loses, answers) in corpus["MISTAKES"].items():
         assert loses and set(loses) <= {g for g, (_, auto) in cells.items() if auto}, name
-        parts = {g.split("_")[0] for g in loses} | {g.split("_")[0] for g in answers}
-        assert len(parts) == 1, f"mistake {name} spans parts {parts}"
+        parts = {g.split("_")[0] for g in loses}
+        assert len(parts) == 1, f"mistake {name} loses points in parts {parts}"
+        # the mistake sits in the part that loses points; other answers given are correct ones
+        # (e.g. a later part that calls the mistaken function)
+        assert parts <= {g.split("_")[0] for g in answers}, name
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
@@ -299,3 +309,99 @@ def test_installed_package_ships_no_solutions(tmp_path):
         names = tar.getnames()
     assert any(n.endswith("/gpclab.py") for n in names)
     assert not [n for n in names if "exercises/source" in n or "exercise_corpus" in n], names
+
+
+def _error(course, assignment, student, grade_id):
+    path = glob.glob(str(course / "autograded" / student / assignment / "*.ipynb"))[0]
+    cell = [c for c in nbformat.read(path, as_version=4).cells
+            if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id][0]
+    errors = [o for o in cell.outputs if o.output_type == "error"]
+    assert errors, (student, grade_id, "passed")
+    return errors[0].ename + ": " + errors[0].evalue
+
+
+@pytest.mark.parametrize("assignment, student, grade_id, says, not_says", [
+    ("ex3_10_1", "mistake_library_evidence", "partC_two_cases", "exact_log_evidence_probit", "np.float64"),
+    ("ex3_10_1", "mistake_library_evidence_imported", "partC_more_cases", "exact_log_evidence_probit", "np.float64"),
+    ("ex3_10_2", "mistake_case_major_order", "partB_class_major", "class-major", "returned shape"),
+    ("ex3_10_3", "mistake_no_cross_terms", "partC_z_covariance", "cross term", "order of T"),
+    ("ex3_10_4", "mistake_signed_gap", "partC_gap", "signed difference", "np.float64"),
+    ("ex3_10_6", "mistake_map_predictions", "partB_predictions", "MAP predictions", "accurately"),
+    ("ex3_10_6", "mistake_coarse_quadrature", "partB_predictions", "1e-4", "MAP"),
+])
+def test_messages_name_the_mistake(graded, assignment, student, grade_id, says, not_says):
+    """A failed test's message names what went wrong, and not a mistake the student did not make."""
+    course, _ = graded
+    msg = _error(course, assignment, student, grade_id)
+    assert says in msg and not_says not in msg, msg
+
+
+def test_messages_print_plain_numbers(graded):
+    """No failed test anywhere shows a number as np.float64(...)."""
+    course, _ = graded
+    for path in glob.glob(str(course / "autograded" / "*" / "*" / "*.ipynb")):
+        for c in nbformat.read(path, as_version=4).cells:
+            for o in c.get("outputs", []):
+                if o.get("output_type") == "error":
+                    assert "np.float64(" not in o.get("evalue", ""), (path, o["evalue"])
+
+
+def _functions(tree):
+    return {n.name: [a.arg for a in n.args.args] for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_swapped_in_references_have_the_documented_signature(assignment):
+    """Every reference that grading swaps in for a student's function (_grade_with) takes the same
+    parameters as the function the notebook asks for, so a call with keyword arguments works."""
+    path = glob.glob(os.path.join(COURSE, "source", assignment, "*.ipynb"))[0]
+    cells = nbformat.read(path, as_version=4).cells
+    asked = {}
+    for c in cells:
+        if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution"):
+            asked.update(_functions(ast.parse(c.source)))
+    swaps = 0
+    for c in cells:
+        if c.cell_type != "code" or "_grade_with(" not in c.source:
+            continue
+        tree = ast.parse(c.source)
+        defined = _functions(tree)
+        for call in ast.walk(tree):
+            if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "_grade_with":
+                for kw in call.keywords:
+                    assert isinstance(kw.value, ast.Name), (
+                        f"{kw.arg} is swapped for an expression (a lambda?), not a function with its parameters")
+                    assert defined.get(kw.value.id) == asked[kw.arg], (kw.arg, defined.get(kw.value.id), asked[kw.arg])
+                    swaps += 1
+    if assignment != "ex3_10_1":
+        assert swaps, "later parts are graded with reference versions of earlier parts"
+
+
+@pytest.mark.parametrize("assignment, mistake, part", [
+    ("ex3_10_2", "case_major_order", "B"),
+    ("ex3_10_4", "K_W_instead_of_W_K", "A"),
+    ("ex3_10_5", "tau_and_nu_swapped", "A"),
+])
+def test_students_own_run_points_at_the_earlier_part(graded, assignment, mistake, part):
+    """Run as a student runs it (visible tests only, no reference swapped in), a mistake in an
+    earlier part also fails later parts whose tests call the mistaken function: each such failure
+    says to fix that earlier part first."""
+    from nbclient import NotebookClient
+
+    course, _ = graded
+    release = glob.glob(str(course / "release" / assignment / "*.ipynb"))[0]
+    source = glob.glob(os.path.join(COURSE, "source", assignment, "*.ipynb"))[0]
+    nb = _submission(release, source, _corpus(assignment)["MISTAKES"][mistake][1])
+    NotebookClient(nb, timeout=600, allow_errors=True, kernel_name="python3",
+                   resources={"metadata": {"path": str(course / "release" / assignment)}}).execute()
+    failed = {}
+    for c in nb.cells:
+        gid = c.metadata.get("nbgrader", {}).get("grade_id", "")
+        errors = [o for o in c.get("outputs", []) if o.get("output_type") == "error"]
+        if c.metadata.get("nbgrader", {}).get("grade") and errors:
+            failed[gid] = errors[0].get("evalue", "")
+    own = {g for g in failed if g.startswith(f"part{part}_")}
+    later = {g: m for g, m in failed.items() if g not in own}
+    assert own, f"{mistake} passes its own part's visible tests"
+    for gid, msg in later.items():
+        assert f"Part {part}" in msg and "first" in msg, (gid, msg)

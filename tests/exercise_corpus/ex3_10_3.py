@@ -92,4 +92,13 @@ def z_covariance(cov_f):
 def region(z):
     return int(np.argmax([0.0, z[0], z[1]]))
 '''}),
+    "no_cross_terms": ({"partC_z_covariance"}, {"partC_answer": '''
+def z_covariance(cov_f):
+    v = np.diag(cov_f)
+    return np.array([[v[1] + v[0], v[0]], [v[0], v[2] + v[0]]])
+
+
+def region(z):
+    return int(np.argmax([0.0, z[0], z[1]])) + 1
+'''}),
 }

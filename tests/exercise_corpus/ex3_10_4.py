@@ -98,4 +98,12 @@ def partition_gap(K, W, grad, f, idx1, scale):
     grad[idx2] *= scale
     return np.max(np.abs(newton_update_full(K, W, grad, f) - newton_update_partitioned(K, W, grad, f, idx1)))
 '''}),
+    "signed_gap": ({"partC_gap"}, {"partC_answer": '''
+def partition_gap(K, W, grad, f, idx1, scale):
+    idx2 = np.setdiff1d(np.arange(K.shape[0]), idx1)
+    Ws, gs = W.copy(), grad.copy()
+    Ws[idx2] *= scale
+    gs[idx2] *= scale
+    return np.max(newton_update_partitioned(K, Ws, gs, f, idx1) - newton_update_full(K, Ws, gs, f))
+'''}),
 }

@@ -83,6 +83,41 @@ def hyperparameter_study(X, y, X_test, log_ells, log_sfs):
     return dict(f_norm=f_norm, W_mean=W_mean, log_q=log_q, p_spread=spread)
 ''',
     },
+    "keywords_and_own_parts": {
+        "partA_answer": '''
+def fit_laplace(X, y, log_ell, log_sf):
+    K = gpclab.kernel_matrix("se", X, X, np.array([log_ell, log_sf]))
+    mode = gpclab.laplace_mode(K, y, "logistic")
+    return mode.f_hat, mode.sW ** 2, mode.log_q
+''',
+        "partB_answer": '''
+def predictive_probabilities(X, y, X_test, log_ell, log_sf):
+    # reuses Part A: the latent mean and variance of (3.21)-(3.24) from f_hat and W
+    f_hat, W, _ = fit_laplace(X, y, log_ell=log_ell, log_sf=log_sf)
+    hyp = np.array([log_ell, log_sf])
+    K = gpclab.kernel_matrix("se", X, X, hyp)
+    Ks = gpclab.kernel_matrix("se", X, X_test, hyp)
+    grad = (y + 1) / 2 - 1 / (1 + np.exp(-f_hat))
+    sW = np.sqrt(W)
+    L = np.linalg.cholesky(np.eye(len(y)) + sW[:, None] * K * sW[None, :])
+    v = np.linalg.solve(L, sW[:, None] * Ks)
+    var = gpclab.kernel_diag("se", X_test, hyp) - (v ** 2).sum(0)
+    return gpclab.averaged_probability("logistic", Ks.T @ grad, var, "average")
+''',
+        "partC_answer": '''
+def hyperparameter_study(X, y, X_test, log_ells, log_sfs):
+    out = {k: np.zeros((len(log_ells), len(log_sfs))) for k in ("f_norm", "W_mean", "log_q", "p_spread")}
+    for i, le in enumerate(log_ells):
+        for j, ls in enumerate(log_sfs):
+            f_hat, W, log_q = fit_laplace(X, y, log_ell=le, log_sf=ls)
+            p = predictive_probabilities(X=X, y=y, X_test=X_test, log_ell=le, log_sf=ls)
+            out["f_norm"][i, j] = np.linalg.norm(f_hat)
+            out["W_mean"][i, j] = W.mean()
+            out["log_q"][i, j] = log_q
+            out["p_spread"][i, j] = np.abs(p - 0.5).mean()
+    return out
+''',
+    },
 }
 
 MISTAKES = {
@@ -134,5 +169,33 @@ def hyperparameter_study(X, y, X_test, log_ells, log_sfs):
             out["log_q"][i, j] = log_q
             out["p_spread"][i, j] = np.mean(np.abs(p - 0.5))
     return out
+'''}),
+    # Part A's mistake, with a correct Part B that calls Part A: only Part A loses points
+    "square_root_of_W_reused": ({"partA_W"}, {"partA_answer": '''
+def fit_laplace(X, y, log_ell, log_sf):
+    K = gpclab.kernel_matrix("se", X, X, np.array([log_ell, log_sf], dtype=float))
+    mode = gpclab.laplace_mode(K, y, "logistic")
+    return mode.f_hat, mode.sW, mode.log_q
+''', "partB_answer": '''
+def predictive_probabilities(X, y, X_test, log_ell, log_sf):
+    f_hat, W, _ = fit_laplace(X, y, log_ell, log_sf)
+    hyp = np.array([log_ell, log_sf])
+    Ks = gpclab.kernel_matrix("se", X, X_test, hyp)
+    K = gpclab.kernel_matrix("se", X, X, hyp)
+    grad = (y + 1) / 2 - 1 / (1 + np.exp(-f_hat))
+    var = gpclab.kernel_diag("se", X_test, hyp) - np.einsum("ij,ij->j", Ks, np.linalg.solve(K + np.diag(1 / W), Ks))
+    return gpclab.averaged_probability("logistic", Ks.T @ grad, var, "average")
+'''}),
+    "coarse_quadrature": ({"partB_predictions"}, {"partB_answer": '''
+def predictive_probabilities(X, y, X_test, log_ell, log_sf):
+    hyp = np.array([log_ell, log_sf])
+    K = gpclab.kernel_matrix("se", X, X, hyp)
+    mode = gpclab.laplace_mode(K, y, "logistic")
+    Ks = gpclab.kernel_matrix("se", X, X_test, hyp)
+    _, mean, var = gpclab.laplace_predict(mode.f_hat, K, y, "logistic", Ks, gpclab.kernel_diag("se", X_test, hyp),
+                                          rule="map")
+    z, w = np.polynomial.hermite_e.hermegauss(8)       # (3.25) by 8-node Gauss-Hermite quadrature
+    f = mean[:, None] + np.sqrt(np.maximum(var, 0))[:, None] * z[None, :]
+    return (w / (1 + np.exp(-f))).sum(1) / np.sqrt(2 * np.pi)
 '''}),
 }
