@@ -268,3 +268,11 @@ def laplace_log_q_mp(K, y, lik, dps=50, max_iter=400):
         x = mp.lu_solve(A, mp.matrix([t[2] * fi + t[1] for t, fi in zip(L3, fm)]))  # a = K^-1 f
         psi = -sum(x[i] * fm[i] for i in range(n)) / 2 + sum(t[0] for t in L3)
         return psi - mp.log(mp.det(A)) / 2, fm
+
+
+def rank_one_updates(Sigma, columns, coefficients):
+    """Sigma - c_j s_j s_j^T applied one after the other (GPML 3.70), the plain form of the update."""
+    Sigma = np.array(Sigma, dtype=float)
+    for s, c in zip(columns, coefficients):
+        Sigma = Sigma - c * np.outer(s, s)
+    return Sigma
