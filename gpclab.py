@@ -3119,15 +3119,12 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
     while True:
         C = kernel_matrix(kernel, X, X, h, disc)
         nu0, tau0 = (None, None) if sites is None else sites
-        try:                                                                       # E-step
-            if J == 2:
-                res = ep.unchecked(C, y_t, nu0, tau0, likelihood="step", eps=eps)
-                K, y_g = C, y_t
-            else:
-                res = ep_multiclass.unchecked(C, Y, nu0, tau0)
-                K, y_g = difference_covariance(C, Y), np.ones(res.mu.shape[0])
-        except np.linalg.LinAlgError:
-            raise ValueError(_NOT_PSD_EP) from None
+        if J == 2:                                                                 # E-step
+            res = ep.unchecked(C, y_t, nu0, tau0, likelihood="step", eps=eps)
+            K, y_g = C, y_t
+        else:
+            res = ep_multiclass.unchecked(C, Y, nu0, tau0)
+            K, y_g = difference_covariance(C, Y), np.ones(res.mu.shape[0])
         _warn_not_converged(res, "em_ep")
         sites = (res.nu_tilde, res.tau_tilde)
         mu, Sigma = res.mu, res.Sigma
