@@ -1487,7 +1487,7 @@ def _tilted_terms(y_i, mu_cav, s, eps):
 
 
 @njit(cache=True)
-def _site_update(y_i, tau_cav, nu_cav, noise, eps):
+def _site_update(y_i, tau_cav, nu_cav, noise, eps, tau_max=np.inf):
     """New site parameters (3.59) from the tilted moments, without cancellation.
 
     With s^2 = noise + sigma2_cav (noise = 1 for probit, 0 for K&G's step
@@ -1497,10 +1497,12 @@ def _site_update(y_i, tau_cav, nu_cav, noise, eps):
     The box's direct differences lose every digit for a well-classified site,
     where sigma_hat^2 is within rounding of sigma2_cav.
 
-    A site likelihood that is not log-concave (K&G's with eps > 0) can ask for
-    tau_tilde < 0; it is clipped to 0 and nu_tilde computed from the clipped
-    value, so that the new posterior mean is still the tilted mean mu_hat
-    (tau_tilde = 0 gives nu_tilde = y r / s = tau_cav (mu_hat - mu_cav)).
+    tau_tilde is kept in [0, tau_max], and nu_tilde computed from the kept value,
+    so that the new posterior mean is still the tilted mean mu_hat (tau_tilde = 0
+    gives nu_tilde = y r / s = tau_cav (mu_hat - mu_cav)). A site likelihood that
+    is not log-concave (K&G's with eps > 0) can ask for tau_tilde < 0; a step site
+    (noise 0) whose cavity sits on the wrong side asks for a precision that grows
+    without bound (sigma_hat^2 ~ sigma2_cav / z^2), see ep.
     """
     sigma2_cav = 1.0 / tau_cav
     mu_cav = nu_cav * sigma2_cav
@@ -1508,9 +1510,13 @@ def _site_update(y_i, tau_cav, nu_cav, noise, eps):
     s = math.sqrt(s2)
     _, r, rz = _tilted_terms(y_i, mu_cav, s, eps)
     w = r * rz
-    tau_tilde = max(w / (noise + sigma2_cav * (1.0 - w)), 0.0)
+    tau_tilde = min(max(w / (noise + sigma2_cav * (1.0 - w)), 0.0), tau_max)
     nu_tilde = tau_tilde * mu_cav + (1.0 + tau_tilde * sigma2_cav) * y_i * r / s
     return tau_tilde, nu_tilde
+
+
+_EP_BLOCK = 48                                                # rank-one updates of line 10 applied together
+_SQRT_U = math.sqrt(0.5 * np.finfo(np.float64).eps)           # sqrt of the unit roundoff, 1.05e-8
 
 
 @njit(cache=True, fastmath={"reassoc", "contract"})
@@ -1555,40 +1561,88 @@ def _apply_pending(Sigma, U, c, m):
 
 
 @njit(cache=True)
+def _rank_one_update(Sigma, U, c, m, s, ci):
+    """Sigma := Sigma - ci s s^T (3.70), deferred; returns the new number m of pending updates.
+
+    The update is stored as pending update m (U[m] = s, c[m] = ci); when U is
+    full they are applied together (_apply_pending: two BLAS rank-k updates,
+    a sixth of the passes over Sigma that one rank-one update each would
+    take) and m starts again at 0. Until then _current_column gives the
+    columns of the updated Sigma. Same arithmetic as the plain update, which
+    is its test oracle (tests/naive.py); only the lower triangle is kept.
+    """
+    U[m, :] = s
+    c[m] = ci
+    m += 1
+    if m == U.shape[0]:
+        _apply_pending(Sigma, U, c, m)
+        m = 0
+        check_interrupt()                                     # Ctrl-C between blocks of site updates
+    return m
+
+
+@njit(cache=True)
+def _ep_init(K, nu_tilde_init, tau_tilde_init):
+    """Line 2 of Algorithm 3.5: sites nu~ = tau~ = 0, Sigma = K, mu = 0; or, for
+    sites given as a warm start, Sigma and mu of (3.53) for them (_ep_posterior)."""
+    nu_tilde = nu_tilde_init.copy()
+    tau_tilde = tau_tilde_init.copy()
+    if not (tau_tilde.any() or nu_tilde.any()):
+        return nu_tilde, tau_tilde, K.copy(), np.zeros(K.shape[0])
+    Sigma, mu, _ = _ep_posterior(K, tau_tilde, nu_tilde)
+    return nu_tilde, tau_tilde, Sigma, mu
+
+
+@njit(cache=True)
 def _ep_posterior(K, tau_tilde, nu_tilde):
     """Sigma, mu and L from the sites (Alg. 3.5 lines 13-15; 3.53, 3.68)."""
     n = K.shape[0]
     sS = np.sqrt(tau_tilde)                                   # S~^1/2
-    L = np.linalg.cholesky(_form_B(K, sS))                    # line 13: L := cholesky(I + S~^1/2 K S~^1/2)
+    L = np.linalg.cholesky(_form_B(K, sS))                    # L := cholesky(I + S~^1/2 K S~^1/2)
     sSK = np.empty((n, n))
     for i in range(n):
         sSK[i, :] = sS[i] * K[i, :]
-    # line 14: V := L\(S~^1/2 K). The box prints L^T\; (3.68) needs L\ (GPML errata).
+    # V := L\(S~^1/2 K). The box prints L^T\; (3.68) needs L\ (GPML errata).
     V = solve_lower_matrix(L, sSK)
-    Sigma = minus_gram(K, V)                                  # line 15: Sigma := K - V^T V  (3.68)
-    mu = Sigma @ nu_tilde                                     #          mu := Sigma nu~  (3.53)
+    Sigma = minus_gram(K, V)                                  # Sigma := K - V^T V  (3.68)
+    mu = Sigma @ nu_tilde                                     # mu := Sigma nu~  (3.53)
     return Sigma, mu, L
+
+
+@njit(cache=True)
+def _site_log_lik(y_i, f_i, noise, eps):
+    """log p(y_i|f_i) of an EP site: probit log Phi(y_i f_i) (noise 1), or
+    log(eps + (1 - 2 eps) H(y_i f_i)) (noise 0), with H(0) = 1/2."""
+    if noise > 0.0:
+        return log_phi(y_i * f_i / math.sqrt(noise))
+    H = 1.0 if y_i * f_i > 0.0 else (0.5 if y_i * f_i == 0.0 else 0.0)
+    return np.log(eps + (1.0 - 2.0 * eps) * H)
 
 
 @njit(cache=True)
 def _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L, noise=1.0, eps=0.0):
     """log Z_EP (3.65) through the stable forms (3.73)-(3.75) and the existing L.
 
-    noise, eps select the site as in _site_update (probit: 1, 0). A site whose
+    noise, eps select the site as in _site_update (probit: 1, 0). Returns
+    (log Z_EP, the number of sites with no cavity). A site with Sigma_ii = 0
+    and tau~_i = 0 (a zero row of K) has f_i = mu_i exactly and contributes its
+    factor p(y_i|mu_i); every other term of (3.65) is 0 for it. A site whose
     cavity precision is not positive in floating point has no cavity
-    distribution and (3.65) no value: then nan, and ep counts the site in
-    n_skipped.
+    distribution and (3.65) no value: then log Z_EP is nan.
     """
     n = y.shape[0]
     log_Z = 0.0
     quad = 0.0
+    n_bad = 0
     for i in range(n):
-        if not Sigma[i, i] > 0.0:
-            return np.nan
+        if Sigma[i, i] == 0.0 and tau_tilde[i] == 0.0:        # f_i = mu_i, known
+            log_Z += _site_log_lik(y[i], mu[i], noise, eps)
+            continue
+        if not (Sigma[i, i] > 0.0 and 1.0 / Sigma[i, i] > tau_tilde[i]):
+            n_bad += 1
+            continue
         tau_cav = 1.0 / Sigma[i, i] - tau_tilde[i]            # (3.56)
         nu_cav = mu[i] / Sigma[i, i] - nu_tilde[i]
-        if not tau_cav > 0.0:
-            return np.nan
         mu_cav = nu_cav / tau_cav
         log_Z += _tilted_terms(y[i], mu_cav, math.sqrt(noise + 1.0 / tau_cav), eps)[0]  # third term of (3.65)
         log_Z += 0.5 * math.log1p(tau_tilde[i] / tau_cav) - math.log(L[i, i])  # (3.73)
@@ -1596,8 +1650,27 @@ def _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L, noise=1.0, eps=0.0):
         log_Z += 0.5 * mu_cav * tau_cav * (tau_tilde[i] * mu_cav - 2.0 * nu_tilde[i]) / (
             tau_tilde[i] + tau_cav)                                         # (3.75)
         quad += nu_tilde[i] * mu[i]
-    return log_Z + 0.5 * quad                                 # (3.74): 1/2 nu~^T Sigma nu~, with Sigma nu~ = mu
+    if n_bad > 0:
+        return np.nan, n_bad
+    return log_Z + 0.5 * quad, 0                              # (3.74): 1/2 nu~^T Sigma nu~, with Sigma nu~ = mu
 
+
+# Notes on ep. Convergence: after a sweep, |change of log Z_EP| < tol and the
+# largest change of any tau~_i, nu~_i during the sweep < sqrt(tol) (relative
+# to 1 + |value|). The sites of lines 8-9 come from _site_update, an
+# algebraically equal form that avoids cancellation, with tau~ kept in
+# [0, tau_max] (GPML's infEP keeps tau~ >= 0 the same way). tau_max =
+# 1 / (sqrt(u) max_i K_ii), u the unit roundoff: a site that precise pins f_i
+# to 1e-8 of its prior spread, beyond what K, known to rounding, can carry:
+# B = I + S~^1/2 K S~^1/2 would lose its positive definiteness to K's
+# rounding. The probit site never comes near it (tau~ <= 1); a step site
+# (noise 0) whose cavity mean sits on the wrong side of 0 asks for
+# tau~ ~ z^2 / sigma2_cav, and on overlapping classes with a smooth kernel
+# (make_three_gaussians) EP without the bound lets tau~ grow a hundredfold a
+# sweep until B has no Cholesky factor. mu of line 11 is updated in O(n) by
+# the rank-one identity mu_new = mu + s_i (d_nu (1 - c Sigma_ii) - c mu_i).
+# The rank-one updates of line 10 are collected over 48 consecutive sites and
+# applied to Sigma together (_rank_one_update).
 
 @public(returns=EPResult, together=(("nu_tilde_init", "tau_tilde_init"),),
         K="(n, n) psd", y="(n,) pm1 nonempty", nu_tilde_init="(n,) ?0",
@@ -1606,159 +1679,73 @@ def _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L, noise=1.0, eps=0.0):
 @njit(cache=True)
 def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
        order="natural", seed=0, likelihood="probit", eps=0.0):
-    """Expectation propagation for binary classification (GPML Algorithm 3.5).
+    """Expectation Propagation for binary classification (GPML Algorithm 3.5).
 
     Parameters
     ----------
     K : ndarray, shape (n, n)
-        Prior covariance matrix K.
+        Prior covariance matrix.
     y : ndarray, shape (n,)
-        Targets, -1 or +1 (probit likelihood, 3.16).
+        Targets, -1 or +1.
     nu_tilde_init, tau_tilde_init : ndarray, shape (n,), optional
-        Warm start from given site parameters (both or neither).
-    tol : float
-        Convergence: after a sweep, |change of log Z_EP| < tol and the largest
-        change of any tau~_i, nu~_i during the sweep < sqrt(tol) (relative to
-        1 + |value|).
-    max_sweeps : int
-        Maximum number of sweeps over all sites.
-    order : str
-        'natural' (the box's i = 1..n) or 'random' (a new permutation each
-        sweep, seeded; K&R appendix B).
-    seed : int
-        Seed of the random order.
-    likelihood, eps :
-        'probit' (3.16), or 'step' for Kim & Ghahramani's labelling-noise
-        likelihood eps + (1 - 2 eps) H(y f) (K&G eq. 10; their site moments
-        eqs. 20-21). With eps = 0 and K + I in place of K, 'step' is the
-        probit model (the noise of exercise 3.10.1 moved into the prior).
+        Warm start from these sites (both or neither); zeros are line 2.
+    tol, max_sweeps : float, int
+        Convergence tolerance (on log Z_EP and the site changes), sweep limit.
+    order, seed : str, int
+        'natural' (i = 1..n) or 'random' (a seeded permutation each sweep; K&R app. B).
+    likelihood, eps : str, float
+        'probit' (3.16) or 'step' (K&G 10, 20-21), with labelling noise eps:
+        eps + (1 - 2 eps) p(y|f).
 
     Returns
     -------
-    EPResult, a namedtuple of
-        nu_tilde, tau_tilde (n,) the natural site parameters; log_Z the EP
-        approximation of log p(y|X) (3.65); Sigma (n, n) and mu (n,) of the
-        approximate posterior (3.53); L (n, n) = cholesky(B) (3.67);
-        n_sweeps; converged; delta, the largest relative site change in the
-        last sweep; n_skipped, the number of sites left unchanged in the last
-        sweep because their cavity precision was not positive, or of sites
-        whose cavity precision at the returned posterior is not positive (then
-        log_Z is nan), whichever is larger; the Python layer warns if it is
-        not 0.
+    EPResult: nu_tilde, tau_tilde, log_Z (3.65); Sigma, mu (3.53); L = cholesky(B);
+    n_sweeps; converged; delta (largest relative site change in the last sweep);
+    n_skipped (sites with no cavity precision > 0: left unchanged; log_Z nan).
 
     Notes
     -----
-    O(n^2) per site update (line 10), O(n^3) per sweep. Departures: the site
-    parameters of lines 8-9 are computed in an algebraically equal form that
-    avoids cancellation (_site_update) and tau~ is kept non-negative (with
-    nu~ from the clipped tau~, so the site still matches the tilted mean);
-    a site whose cavity precision (line 5) is not positive in floating point
-    is left unchanged for that sweep and counted in n_skipped; mu of line 11 is updated in O(n) by
-    the rank-one identity mu_new = mu + s_i (d_nu (1 - c Sigma_ii) - c mu_i);
-    the rank-one updates of line 10 are collected over 48 consecutive sites
-    and applied to Sigma together (two BLAS rank-k updates), with column i
-    corrected for the pending ones (_current_column). That is the same
-    arithmetic as line 10, with a sixth of the passes over Sigma; only the
-    lower triangle of Sigma is kept during a sweep.
-
-    Used in: lectures/sec3_06_ep.ipynb.
+    Departures (see the comment above): stable site updates with 0 <= tau~ <=
+    tau_max; Sigma's rank-one updates in blocks; mu in O(n); a warm start.
     """
-    _check_K_y(K, y)
     n = y.shape[0]
-    if order != "natural" and order != "random":
-        raise ValueError("order must be 'natural' or 'random'")
-    if likelihood == "probit":
-        noise = 1.0
-        if eps != 0.0:
-            raise ValueError("eps is for likelihood 'step'")
-    elif likelihood == "step":
-        noise = 0.0
-        if not (eps >= 0.0 and eps < 0.5):
-            raise ValueError("eps must lie in [0, 0.5)")
-    else:
-        raise ValueError("likelihood must be 'probit' or 'step' for EP")
-    if nu_tilde_init is None:
-        if tau_tilde_init is not None:
-            raise ValueError("give both nu_tilde_init and tau_tilde_init, or neither")
-        nu_tilde = np.zeros(n)                                # line 2: nu~ := 0, tau~ := 0,
-        tau_tilde = np.zeros(n)
-        Sigma = K.copy()                                      #         Sigma := K, mu := 0
-        mu = np.zeros(n)
-    elif tau_tilde_init is None:
-        raise ValueError("give both nu_tilde_init and tau_tilde_init, or neither")
-    else:
-        # departs from line 2: warm start from given sites
-        if nu_tilde_init.shape[0] != n or tau_tilde_init.shape[0] != n:
-            raise ValueError("nu_tilde_init and tau_tilde_init must have length n")
-        nu_tilde = nu_tilde_init.copy()
-        tau_tilde = np.maximum(tau_tilde_init, 0.0)
-        if tau_tilde.any() or nu_tilde.any():
-            Sigma, mu, _ = _ep_posterior(K, tau_tilde, nu_tilde)
-        else:                                                 # zero sites: line 2's Sigma := K, mu := 0
-            Sigma = K.copy()
-            mu = np.zeros(n)
+    noise = 1.0 if likelihood == "probit" else 0.0            # probit: a step site of f + N(0, 1) noise
+    tau_max = 1.0 / (_SQRT_U * max(np.diag(K).max(), 1e-300))  # see the comment above
+    # departs from line 2: warm-started from the sites given (zeros are the box's start)
+    nu_tilde, tau_tilde, Sigma, mu = _ep_init(K, nu_tilde_init, tau_tilde_init)  # line 2: nu~ := 0, tau~ := 0, Sigma := K, mu := 0
     if order == "random":
         np.random.seed(seed)
-    perm = np.arange(n)
-    block = 48                                                # rank-one updates applied together
-    U = np.empty((block, n))                                  # their columns s_i ...
-    c = np.empty(block)                                       # ... and coefficients (3.70)
-    s = np.empty(n)
+    U, c, s = np.empty((_EP_BLOCK, n)), np.empty(_EP_BLOCK), np.empty(n)  # pending updates of line 10; s_i
     log_Z_old = np.inf
     converged = False
-    n_sweeps = 0
-    delta = np.inf
-    n_skipped = 0
-    L = np.eye(n)
-    while n_sweeps < max_sweeps:                              # line 3: repeat
-        if order == "random":
-            perm = np.random.permutation(n)
-        delta = 0.0
-        n_skipped = 0
-        m = np.int64(0)                                       # pending rank-one updates (an int64, not a literal 0)
+    for n_sweeps in range(1, max_sweeps + 1):                 # line 3: repeat
+        perm = np.random.permutation(n) if order == "random" else np.arange(n)
+        delta, n_skipped, m = 0.0, 0, 0
         for i in perm:                                        # line 4: for i := 1 to n
             _current_column(Sigma, U, c, m, i, s)             # s_i, column i of the current Sigma
-            if not s[i] > 0.0:                                # sigma_i^2 lost to rounding: no cavity
-                n_skipped += 1
+            if not (s[i] > 0.0 and 1.0 / s[i] > tau_tilde[i]):
+                # departs from lines 5-11: no cavity in floating point (none needed if f_i is known): skip
+                n_skipped += s[i] != 0.0 or tau_tilde[i] != 0.0
                 continue
             tau_cav = 1.0 / s[i] - tau_tilde[i]               # line 5: tau_-i := sigma_i^-2 - tau~_i  (3.56)
             nu_cav = mu[i] / s[i] - nu_tilde[i]               # line 6: nu_-i := sigma_i^-2 mu_i - nu~_i
-            if not tau_cav > 0.0:
-                n_skipped += 1
-                continue
-            # line 7: marginal moments (3.58); lines 8-9: site parameters (3.59), tau~ >= 0
-            tau_new, nu_new = _site_update(y[i], tau_cav, nu_cav, noise, eps)
-            d_tau = tau_new - tau_tilde[i]                    # line 8: d_tau := sigma_hat^-2 - tau_-i - tau~_i
-            tau_tilde[i] = tau_new                            #         tau~_i := tau~_i + d_tau
+            tau_new, nu_new = _site_update(y[i], tau_cav, nu_cav, noise, eps, tau_max)  # line 7: mu_hat, sigma_hat^2 (3.58), as lines 8-9 need them
+            d_tau = tau_new - tau_tilde[i]                    # line 8: d_tau := sigma_hat^-2 - tau_-i - tau~_i, tau~_i += d_tau  (3.59)
+            tau_tilde[i] = tau_new
             d_nu = nu_new - nu_tilde[i]
             nu_tilde[i] = nu_new                              # line 9: nu~_i := sigma_hat^-2 mu_hat - nu_-i
             delta = max(delta, abs(d_tau) / (1.0 + tau_new), abs(d_nu) / (1.0 + abs(nu_new)))
-            ci = d_tau / (1.0 + d_tau * s[i])
-            U[m, :] = s                                       # line 10: Sigma := Sigma - ci s_i s_i^T  (3.70)
-            c[m] = ci
-            m += 1
-            g = d_nu * (1.0 - ci * s[i]) - ci * mu[i]         # line 11: mu := Sigma nu~, by the same
-            for k in range(n):                                #   rank-one identity, in O(n)
-                mu[k] += g * s[k]
-            if m == block:
-                _apply_pending(Sigma, U, c, m)
-                m = np.int64(0)
-                check_interrupt()
-        Sigma, mu, L = _ep_posterior(K, tau_tilde, nu_tilde)  # lines 13-15: recompute Sigma, mu
-        n_sweeps += 1
-        log_Z = _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L, noise, eps)  # line 17, each sweep for line 16
+            ci = d_tau / (1.0 + d_tau * s[i])                 # ((d_tau)^-1 + Sigma_ii)^-1
+            m = _rank_one_update(Sigma, U, c, m, s, ci)       # line 10: Sigma := Sigma - ci s_i s_i^T  (3.70)
+            mu += (d_nu * (1.0 - ci * s[i]) - ci * mu[i]) * s  # line 11: mu := Sigma nu~, by the rank-one identity
+        Sigma, mu, L = _ep_posterior(K, tau_tilde, nu_tilde)  # lines 13-15: L := cholesky(B), V := L\S~^1/2 K, Sigma := K - V^T V, mu := Sigma nu~
+        log_Z, n_bad = _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L, noise, eps)  # (3.65), for the test below
         if abs(log_Z - log_Z_old) < tol and delta < math.sqrt(tol):  # line 16: until convergence
             converged = True
             break
         log_Z_old = log_Z
-    if n_sweeps == 0:
-        Sigma, mu, L = _ep_posterior(K, tau_tilde, nu_tilde)
-    log_Z = _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L, noise, eps)  # line 17: log Z_EP  (3.65, 3.73-3.75)
-    n_bad = 0
-    for i in range(n):
-        n_bad += not (Sigma[i, i] > 0.0 and 1.0 / Sigma[i, i] - tau_tilde[i] > 0.0)
-    n_skipped = max(n_skipped, n_bad)
-    return nu_tilde, tau_tilde, log_Z, Sigma, mu, L, n_sweeps, converged, delta, n_skipped  # line 18 (EPResult)
+    log_Z, n_bad = _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L, noise, eps)  # line 17: log Z_EP (3.65, 3.73-3.75)
+    return nu_tilde, tau_tilde, log_Z, Sigma, mu, L, n_sweeps, converged, delta, max(n_skipped, n_bad)  # line 18
 
 
 @public(nu_tilde="(n,) nonempty", tau_tilde="(n,) nonneg", K="(n, n) psd", K_star="(n, m)",
@@ -1779,25 +1766,20 @@ def ep_predict(nu_tilde, tau_tilde, K, K_star, k_star_star, L=None, likelihood="
         k(x_*, x_*).
     L : ndarray, shape (n, n), optional
         cholesky(B) from ep; skips line 2, as the caption suggests.
-    likelihood, eps :
-        'probit' (3.63), or 'step', K&G's eps + (1 - 2 eps) H(y f): then
-        line 7 is eps + (1 - 2 eps) Phi(f_bar_* / sqrt(V[f_*])) (K&G 26; 25
-        for eps = 0), the latent noise being inside k(x_*, x_*).
+    likelihood, eps : str, float
+        'probit' (3.63), or 'step', K&G's eps + (1 - 2 eps) H(y f).
 
     Returns
     -------
-    pi_bar_star : ndarray, shape (m,)
-        Predictive probability of class +1 (3.63).
-    f_bar_star, V_f_star : ndarray, shape (m,)
-        Latent predictive mean (3.60) and variance (3.61).
+    pi_bar_star, f_bar_star, V_f_star : ndarray, shape (m,)
+        Predictive probability of class +1 (3.63); latent mean (3.60) and variance (3.61).
 
-    Used in: lectures/sec3_06_ep.ipynb.
+    Notes
+    -----
+    For 'step', line 7 is eps + (1 - 2 eps) Phi(f_bar_* / sqrt(V[f_*])) (K&G 26;
+    25 for eps = 0): the latent noise is inside k(x_*, x_*), so no "1 +".
     """
     n = nu_tilde.shape[0]
-    if tau_tilde.shape[0] != n or K.shape[0] != n or K.shape[1] != n or K_star.shape[0] != n:
-        raise ValueError("nu_tilde, tau_tilde, K and K_star must all have n rows")
-    if k_star_star.shape[0] != K_star.shape[1]:
-        raise ValueError("k_star_star must have one entry per column of K_star")
     sS = np.sqrt(tau_tilde)
     if L is None:
         L = np.linalg.cholesky(_form_B(K, sS))                # line 2: L := cholesky(I + S~^1/2 K S~^1/2)
@@ -1808,18 +1790,16 @@ def ep_predict(nu_tilde, tau_tilde, K, K_star, k_star_star, L=None, likelihood="
         sSK[i, :] = sS[i] * K_star[i, :]
     v = solve_lower_matrix(L, sSK)                            # line 5: v := L\(S~^1/2 k(x_*))
     V_f_star = k_star_star - (v * v).sum(axis=0)              # line 6: V[f_*] := k(x_*, x_*) - v^T v  (3.61, 3.72)
-    if likelihood != "probit" and likelihood != "step":
-        raise ValueError("likelihood must be 'probit' or 'step' for EP")
     noise = 1.0 if likelihood == "probit" else 0.0
     pi_bar_star = np.empty(f_bar_star.shape[0])
     for j in range(f_bar_star.shape[0]):
         s = math.sqrt(noise + max(V_f_star[j], 0.0))
         if s > 0.0:
-            P = std_normal_cdf(f_bar_star[j] / s)             # line 7 (3.63; K&G 25)
+            P = std_normal_cdf(f_bar_star[j] / s)             # line 7: pi_bar_* := Phi(f_bar_* / sqrt(1 + V[f_*]))  (3.63; K&G 25)
         else:                                                 # no latent noise and V = 0: a step
             P = 1.0 if f_bar_star[j] > 0.0 else 0.0
         pi_bar_star[j] = eps + (1.0 - 2.0 * eps) * P          # (K&G 26)
-    return pi_bar_star, f_bar_star, V_f_star                  # line 8
+    return pi_bar_star, f_bar_star, V_f_star                  # line 8: return pi_bar_*
 
 
 @public(K="(n, n) psd", X="(n, d)", kernel="{se,ard,kg,kg_iso}", log_hyp="(p,) loghyp", nu_tilde="(n,)",
@@ -1861,10 +1841,7 @@ def _lower_bound(K, y, likelihood, m, A):
     64-point Gauss-Hermite rule. K and A must be positive definite; the
     Python function lower_bound checks that and says which is not.
     """
-    _check_K_y(K, y)
     n = y.shape[0]
-    if m.shape[0] != n or A.shape[0] != n or A.shape[1] != n:
-        raise ValueError("m and A must have the shape of y and K")
     LK = np.linalg.cholesky(K)
     LA = np.linalg.cholesky(A)
     expected = 0.0
@@ -1940,7 +1917,14 @@ def hmc_transition(L, y, likelihood, tau, g, step, n_leapfrog):
     Target p(y|L g)^tau N(g|0, I); leapfrog with `n_leapfrog` steps of size
     `step` and unit masses, then the Metropolis correction. Returns
     (g, accepted, log p(y|L g)) for the new state (the old one if rejected).
+    Ctrl-C is seen between leapfrog steps.
     """
+    return _hmc_transition(L, y, likelihood, tau, g, step, n_leapfrog, True)
+
+
+@njit(cache=True)
+def _hmc_transition(L, y, likelihood, tau, g, step, n_leapfrog, interruptible):
+    """hmc_transition; interruptible=False inside prange, whose threads cannot see Ctrl-C."""
     n = g.shape[0]
     f = np.empty(n)
     grad = np.empty(n)
@@ -1955,6 +1939,8 @@ def hmc_transition(L, y, likelihood, tau, g, step, n_leapfrog):
     U = U0
     ll = ll0
     for s in range(n_leapfrog):
+        if interruptible:
+            check_interrupt()
         for i in range(n):                                    # full step for the positions
             q[i] += step * p[i]
         U, ll = _potential(L, y, likelihood, tau, q, f, grad)
@@ -1999,7 +1985,15 @@ def _auto_step(lam_max, likelihood, tau):
     """
     w = 1.0 if likelihood == "probit" else 0.25
     step = 1.5 / math.sqrt(1.0 + tau * w * max(lam_max, 0.0))
-    return step, int(min(50.0, math.ceil(1.5 / step)))
+    return step, _n_leapfrog(step)
+
+
+@njit(cache=True)
+def _n_leapfrog(step):
+    """Leapfrog steps for a trajectory of length about 1.5, at most 50. (The bound is
+    taken before the ceiling: ceil(1.5 / step) overflows int64 for step < 1.6e-19,
+    a signal variance above about 1e38.)"""
+    return int(math.ceil(min(1.5 / step, 50.0)))
 
 
 @njit(cache=True)
@@ -2064,20 +2058,14 @@ def hmc_latent(K, y, likelihood, n_samples, step=None, n_leapfrog=None, seed=0, 
         Effective sample size: n_samples over the largest autocorrelation
         time (autocorrelation_time) of the n latent coordinates.
     """
-    _check_K_y(K, y)
-    if n_samples < 1 or thin < 1 or burn_in < 0:
-        raise ValueError("n_samples and thin must be >= 1, burn_in >= 0")
     n = y.shape[0]
     L = _jittered_cholesky(K)
     if step is None:
         st, nl = _auto_step(np.linalg.eigvalsh(K)[n - 1], likelihood, tau)
     else:
-        st = float(step)
-        nl = int(min(50.0, math.ceil(1.5 / st))) if st > 0.0 else 0
+        st, nl = step, _n_leapfrog(step)
     if n_leapfrog is not None:
         nl = n_leapfrog
-    if nl < 1 or not st > 0.0:
-        raise ValueError("step must be > 0 and n_leapfrog >= 1")
     np.random.seed(seed)
     g = np.empty(n)
     for i in range(n):
@@ -2124,7 +2112,6 @@ def elliptical_slice_latent(K, y, likelihood, n_samples, seed=0, burn_in=0, thin
         Effective sample size, n_samples over the largest autocorrelation time
         of the n latent coordinates (as hmc_latent).
     """
-    _check_K_y(K, y)
     n = y.shape[0]
     L = _jittered_cholesky(K)
     np.random.seed(seed)
@@ -2173,147 +2160,157 @@ def elliptical_slice_latent(K, y, likelihood, n_samples, seed=0, burn_in=0, thin
 
 
 _AIS_BLOCK = 32                                               # temperatures between interrupt checks
+_AIS_SERIAL_WORK = 2e8                                        # leapfrog work (steps x n^2) of a run's block
+                                                              # above which it runs serially, seeing Ctrl-C
+
+
+@njit(cache=True)
+def _ais_run(L, y, likelihood, tau, t0, t1, g, ll, log_w, n_acc, steps, n_lf, seed, r, interruptible):
+    """Temperatures t0..t1-1 of K&R Algorithm 3 for run r (lines 5-6), in place.
+
+    Updates the run's state g[r], log p(y|f) ll[r], log weight log_w[r] and
+    count of accepted transitions n_acc[r]; steps[t], n_lf[t] are the HMC step
+    and number of leapfrog steps at temperature t. The random numbers are
+    seeded by (seed, r, t0), so the result does not depend on the thread that
+    runs the block, nor on the number of threads.
+    """
+    np.random.seed((seed + 7919 * r + 104729 * t0) % 2147483648)
+    gr = g[r].copy()
+    llr = ll[r]
+    lw = log_w[r]
+    acc_r = 0.0
+    for t in range(t0, t1):
+        lw += (tau[t] - tau[t - 1]) * llr                     # ln(Z_t/Z_t-1) (31), at f_t-1 (see ais)
+        gr, acc, llr = _hmc_transition(L, y, likelihood, tau[t], gr, steps[t], n_lf[t], interruptible)
+        acc_r += acc
+    n_acc[r] += acc_r
+    g[r] = gr
+    ll[r] = llr
+    log_w[r] = lw
 
 
 @njit(cache=True, parallel=True)
 def _ais_temperatures(L, y, likelihood, tau, t0, t1, g, ll, log_w, n_acc, steps, n_lf, seed):
-    """Temperatures t0..t1-1 of K&R Algorithm 3 for every run, in parallel over the runs.
-
-    Updates each run's state g[r], log p(y|f) ll[r], log weight log_w[r] and count of
-    accepted transitions n_acc[r] in place; steps[t], n_lf[t] are the HMC step and
-    number of leapfrog steps at temperature t.
-    The random numbers of run r in this block are seeded by (seed, r, t0), so the
-    result does not depend on the number of threads.
-    """
+    """Temperatures t0..t1-1 of K&R Algorithm 3 for every run, in parallel over the runs (_ais_run)."""
     for r in prange(g.shape[0]):
-        np.random.seed((seed + 7919 * r + 104729 * t0) % 2147483648)
-        gr = g[r].copy()
-        llr = ll[r]
-        lw = log_w[r]
-        acc_r = 0.0
-        for t in range(t0, t1):
-            lw += (tau[t] - tau[t - 1]) * llr                 # ln(Z_t/Z_t-1) (31), at f_t-1 (see ais)
-            gr, acc, llr = hmc_transition(L, y, likelihood, tau[t], gr, steps[t], n_lf[t])  # f_t by HMC at tau(t)
-            acc_r += acc
-        n_acc[r] += acc_r
-        g[r] = gr
-        ll[r] = llr
-        log_w[r] = lw                                         # ln Z_r (32) once t1 = T + 1
+        _ais_run(L, y, likelihood, tau, t0, t1, g, ll, log_w, n_acc, steps, n_lf, seed, r, False)
 
+
+@njit(cache=True)
+def _ais_block(L, y, likelihood, tau, t0, t1, g, ll, log_w, n_acc, steps, n_lf, seed):
+    """Lines 5-6 of K&R Algorithm 3 at temperatures t0..t1-1 for every run.
+
+    In parallel over the runs (_ais_temperatures), unless one run's block is
+    more leapfrog work than _AIS_SERIAL_WORK (a large n_leapfrog): then the
+    runs go one after the other in this thread, which sees Ctrl-C between
+    leapfrog steps (worker threads cannot). Same random numbers either way.
+    """
+    n = y.shape[0]
+    if n_lf[t0:t1].sum() * float(n * n) <= _AIS_SERIAL_WORK:
+        _ais_temperatures(L, y, likelihood, tau, t0, t1, g, ll, log_w, n_acc, steps, n_lf, seed)
+        return
+    for r in range(g.shape[0]):
+        _ais_run(L, y, likelihood, tau, t0, t1, g, ll, log_w, n_acc, steps, n_lf, seed, r, True)
+
+
+@njit(cache=True)
+def _ais_steps(K, likelihood, tau, step, n_leapfrog):
+    """HMC step and number of leapfrog steps at each temperature of ais: the given
+    ones, or at each tau from the largest eigenvalue of K (_auto_step)."""
+    lam = np.linalg.eigvalsh(K)[K.shape[0] - 1] if step is None else 0.0
+    steps = np.empty(tau.shape[0])
+    n_lf = np.empty(tau.shape[0], dtype=np.int64)
+    for t in range(tau.shape[0]):
+        if step is None:
+            steps[t], n_lf[t] = _auto_step(lam, likelihood, tau[t])
+        else:
+            steps[t], n_lf[t] = step, _n_leapfrog(step)
+        if n_leapfrog is not None:
+            n_lf[t] = n_leapfrog
+    return steps, n_lf
+
+
+@njit(cache=True)
+def _ais_schedule(T, schedule):
+    """tau(t) = (t/T)^4, t = 0..T (K&R 6.2), or the schedule given: T + 1 increasing
+    temperatures from 0 to 1 (checked here: no spec word says so yet)."""
+    if schedule is None:
+        tau = np.empty(T + 1)
+        for t in range(T + 1):
+            tau[t] = (t / T) ** 4
+        return tau
+    if schedule.shape[0] != T + 1 or schedule[0] != 0.0 or schedule[T] != 1.0 or np.any(np.diff(schedule) < 0.0):
+        raise ValueError("ais: schedule must have T + 1 increasing temperatures from 0 to 1")
+    return schedule.copy()
+
+
+# Notes on ais. The return line is the box's: the log of the arithmetic mean
+# of the R weights Z_r, although K&R's text speaks of combining the runs by
+# their "geometric mean". The arithmetic mean is the unbiased estimate of Z
+# (each Z_r is unbiased, Neal 2001), and its log what the box returns; a
+# geometric mean (the mean of ln Z_r) would be biased low. Line 6 departs from
+# (31) in which sample it uses: the ratio Z_t / Z_t-1 of (30a) is an
+# expectation under the temperature tau(t-1), so log w gains
+# (tau(t) - tau(t-1)) log p(y|f_t-1) with the state from before the
+# transition at tau(t) (Neal 2001); evaluating it at f_t, as (31) is written,
+# biases the estimate by O(1/T). K is factorised with the module's jitter,
+# cholesky(K + 1e-8 max_i K_ii I) (as hmc_latent and mcmc_posterior), so
+# near-duplicate inputs do not stop it.
 
 @public(K="(n, n) psd", y="(n,) pm1 nonempty", likelihood="{logistic,probit}",
         T="count", R="count", step="positive ?", n_leapfrog="count ?", seed="seed", schedule="(*,) ?")
 @njit(cache=True)
 def ais(K, y, likelihood, T=8000, R=3, step=None, n_leapfrog=None, seed=0, schedule=None):
-    """Annealed importance sampling of log p(y|X) (Kuss & Rasmussen Algorithm 3).
+    """Annealed Importance Sampling of log p(y|X) (Kuss & Rasmussen 2005, Algorithm 3).
 
     Parameters
     ----------
-    K : ndarray, shape (n, n)
-    y : ndarray, shape (n,)
-    likelihood : str
-    T : int
-        Number of temperatures; the default schedule is tau(t) = (t/T)^4 (K&R 6.2).
-    R : int
-        Independent runs, in parallel (numba prange) over blocks of 32
-        temperatures; run r is seeded by (seed, r) and each block by its first
-        temperature, so the result does not depend on the number of threads.
+    K, y, likelihood : ndarray (n, n), ndarray (n,), str
+        Prior covariance, -1/+1 targets, 'logistic' or 'probit'.
+    T, R : int
+        Temperatures (schedule (t/T)^4, K&R 6.2) and independent runs (in
+        parallel; run r seeded by (seed, r), so independent of the thread count).
     step, n_leapfrog : float, int, optional
-        One HMC transition per temperature (hmc_transition). Default: at each
-        temperature tau from the largest eigenvalue of K, as hmc_step_size
-        with the likelihood's curvature scaled by tau (the target stiffens
-        by orders of magnitude along the schedule).
+        One HMC transition per temperature. Default: at each tau from the
+        largest eigenvalue of K (hmc_step_size, the curvature scaled by tau).
     schedule : ndarray, shape (T + 1,), optional
         Any increasing schedule from 0 to 1 instead of (t/T)^4.
 
     Returns
     -------
-    log_Z : float
-        log of the mean of the R importance weights (the box's return line).
-    log_w : ndarray, shape (R,)
-        log Z_r of each run (32).
-    se : float
-        Standard error of log_Z from the spread of the weights (delta
-        method); R = 1 gives nan.
-    acceptance : float
-        Fraction of accepted HMC transitions over all runs and temperatures.
-    ess : float
-        Effective number of runs, (sum_r w_r)^2 / sum_r w_r^2 (Kish): R when
-        the weights are equal, near 1 when one run dominates.
+    log_Z, log_w (R,), se, acceptance, ess
+        ln Z (the box's return line); ln Z_r of each run (32); the standard
+        error of log_Z (delta method; nan for R = 1); the fraction of accepted
+        HMC transitions; the effective number of runs (sum w)^2 / sum w^2.
 
     Notes
     -----
-    K is factorised with the module's jitter, cholesky(K + 1e-8 max_i K_ii I)
-    (as hmc_latent and mcmc_posterior), so near-duplicate inputs do not stop
-    it. The return line is the box's: the log of the arithmetic mean of the
-    R weights Z_r, although K&R's text speaks of combining the runs by their
-    "geometric mean". The arithmetic mean is the unbiased estimate of Z
-    (each Z_r is unbiased, Neal 2001), and its log what the box returns; a
-    geometric mean (the mean of ln Z_r) would be biased low.
-
-    Departs from (31) in which sample it uses: the ratio Z_t / Z_t-1 of
-    (30a) is an expectation under the temperature tau(t-1), so log w gains
-    (tau(t) - tau(t-1)) log p(y|f_t-1) with the state from before the
-    transition at tau(t) (Neal 2001); evaluating it at f_t, as (31) is
-    written, biases the estimate by O(1/T).
+    Departures (see the comment above): lines 4-7 run for all runs at once;
+    line 6 uses f_t-1; the return line is the box's arithmetic mean.
     """
-    _check_K_y(K, y)
-    if T < 1 or R < 1:
-        raise ValueError("T and R must be at least 1")
-    if schedule is None:
-        tau = np.empty(T + 1)
-        for t in range(T + 1):
-            tau[t] = (t / T) ** 4
-    else:
-        if schedule.shape[0] != T + 1:
-            raise ValueError("schedule must have T + 1 temperatures")
-        tau = schedule.copy()
-        if tau[0] != 0.0 or tau[T] != 1.0:
-            raise ValueError("schedule must start at 0 and end at 1")
-        for t in range(T):
-            if tau[t + 1] < tau[t]:
-                raise ValueError("schedule must be increasing")
     n = y.shape[0]
+    tau = _ais_schedule(T, schedule)                          # line 1: temperature schedule tau
     L = _jittered_cholesky(K)
-    steps = np.empty(T + 1)
-    n_lf = np.empty(T + 1, dtype=np.int64)
-    lam = np.linalg.eigvalsh(K)[n - 1] if step is None else 0.0
-    for t in range(T + 1):
-        if step is None:
-            steps[t], n_lf[t] = _auto_step(lam, likelihood, tau[t])
-        else:
-            steps[t] = step
-            n_lf[t] = int(min(50.0, math.ceil(1.5 / step))) if step > 0.0 else 0
-        if n_leapfrog is not None:
-            n_lf[t] = n_leapfrog
-    if not (steps.min() > 0.0 and n_lf.min() >= 1):
-        raise ValueError("step must be > 0 and n_leapfrog >= 1")
-    g = np.empty((R, n))
-    ll = np.empty(R)
-    log_w = np.zeros(R)
-    n_acc = np.zeros(R)
-    f = np.empty(n)
-    for r in range(R):                                        # for r = 1..R (their temperatures below)
+    steps, n_lf = _ais_steps(K, likelihood, tau, step, n_leapfrog)
+    g, ll, log_w, n_acc, f = np.empty((R, n)), np.empty(R), np.zeros(R), np.zeros(R), np.empty(n)
+    for r in range(R):                                        # line 2: for r = 1..R (lines 4-7 below for all r)
         np.random.seed(seed + r)
-        for i in range(n):                                    # f_0 ~ N(0, K): f = L g, g ~ N(0, I)
-            g[r, i] = np.random.standard_normal()
+        for i in range(n):
+            g[r, i] = np.random.standard_normal()             # line 3: f_0 ~ N(0, K), as f = L g with g ~ N(0, I)
         _lower_matvec(L, g[r], f)
         ll[r] = log_likelihood(likelihood, y, f)[0].sum()
-    # departs from the box's loop order: the temperatures run in blocks, each block for
-    # all runs in parallel (_ais_temperatures), so that Ctrl-C is seen between blocks
-    for t0 in range(1, T + 1, _AIS_BLOCK):                    # for t = 1..T
+    # departs from lines 2 and 4: the temperatures run outside the runs, in blocks of 32 for
+    # all runs in parallel, so that the runs share the work and Ctrl-C is seen between blocks
+    for t0 in range(1, T + 1, _AIS_BLOCK):                    # line 4: for t = 1..T
         check_interrupt()
-        _ais_temperatures(L, y, likelihood, tau, t0, min(t0 + _AIS_BLOCK, T + 1), g, ll, log_w,
-                          n_acc, steps, n_lf, seed)
+        # departs from lines 5-6: ln(Z_t/Z_t-1) is taken at f_t-1, before the step (unbiased)
+        _ais_block(L, y, likelihood, tau, t0, min(t0 + _AIS_BLOCK, T + 1), g, ll, log_w, n_acc,
+                   steps, n_lf, seed)                         # lines 5-6: f_t by HMC at tau(t); ln(Z_t/Z_t-1) (31)
     m = log_w.max()
-    w = np.exp(log_w - m)
+    w = np.exp(log_w - m)                                     # line 8: Z_r = prod_t Z_t/Z_t-1 (32), over e^max
     mean_w = w.mean()
-    # the box's return line, the arithmetic mean of the Z_r (unbiased for Z), not the
-    # "geometric mean" of K&R's text, whose log, the mean of ln Z_r, is biased low
-    log_Z = m + math.log(mean_w)                              # ln Z = ln(1/R sum_r Z_r)
-    se = np.nan
-    if R > 1:
-        se = math.sqrt(((w - mean_w) ** 2).sum() / (R - 1) / R) / mean_w
+    log_Z = m + math.log(mean_w)                              # line 10: ln Z = ln((1/R) sum_r Z_r)
+    se = math.sqrt(((w - mean_w) ** 2).sum() / (R - 1) / R) / mean_w if R > 1 else np.nan
     return log_Z, log_w, se, n_acc.sum() / (R * T), w.sum() ** 2 / (w * w).sum()
 
 
@@ -2331,12 +2328,8 @@ def mcmc_predict(F, K, likelihood, K_star, k_star_star):
 
     Returns pi_bar_star (m,) and the latent predictive means per sample (S, m).
     """
-    S, n = F.shape
-    if K.shape[0] != n or K.shape[1] != n or K_star.shape[0] != n:
-        raise ValueError("F must have n columns and K, K_star n rows")
+    S = F.shape[0]
     m = K_star.shape[1]
-    if k_star_star.shape[0] != m:
-        raise ValueError("k_star_star must have one entry per column of K_star")
     L = np.linalg.cholesky(K)
     A = solve_lower_matrix(L, np.ascontiguousarray(K_star))  # L^-1 K_*
     var = k_star_star - (A * A).sum(axis=0)                    # k_** - k_*^T K^-1 k_*
@@ -2346,7 +2339,7 @@ def mcmc_predict(F, K, likelihood, K_star, k_star_star):
         check_interrupt()
         u = solve_lower(L, F[s])                               # L^-1 f
         means[s] = u @ A                                       # k_*^T K^-1 f
-        pi += averaged_probability(likelihood, means[s], var, "average"[:])  # [:]: a str, not a literal
+        pi += averaged_probability(likelihood, means[s], var, "average")
     return pi / S, means
 
 
@@ -2378,13 +2371,7 @@ def _orthant_start(C, x0):
         for i in range(n):
             x[i] = math.sqrt(C[i, i])
         return x
-    if x0.shape[0] != n:
-        raise ValueError("x0 must have one entry per row of C")
-    for i in range(n):
-        if not x0[i] >= 0.0:
-            raise ValueError("x0 must lie in the positive orthant")
-        x[i] = x0[i]
-    return x
+    return x0.copy()
 
 
 @public(C="(n, n) psd nonempty", n_samples="count", seed="seed", x0="(n,) nonneg ?",
@@ -2398,8 +2385,6 @@ def truncated_gaussian_gibbs(C, n_samples, seed=0, x0=None, thin=1):
     exactly. Returns (n_samples, n); one sample every `thin` sweeps.
     """
     n = C.shape[0]
-    if C.shape[1] != n or n_samples < 1 or thin < 1:
-        raise ValueError("C must be square; n_samples and thin must be >= 1")
     P = cholesky_inverse(np.linalg.cholesky(C))
     np.random.seed(seed)
     x = _orthant_start(C, x0)
@@ -2429,8 +2414,6 @@ def truncated_gaussian_mh(C, n_samples, step, seed=0, x0=None, thin=1):
     rejected. Returns (samples (n_samples, n), acceptance rate).
     """
     n = C.shape[0]
-    if C.shape[1] != n or n_samples < 1 or thin < 1 or not step > 0.0:
-        raise ValueError("C must be square; n_samples, thin >= 1 and step > 0")
     P = cholesky_inverse(np.linalg.cholesky(C))
     np.random.seed(seed)
     x = _orthant_start(C, x0)
@@ -2491,7 +2474,6 @@ def em_ep_bound(K, y, eps, mu, Sigma):
     step likelihood is 0. The M-step for the covariance needs only F_cov (em_ep_grad).
     Returns (F, F_cov).
     """
-    _check_K_y(K, y)
     n = y.shape[0]
     LK = np.linalg.cholesky(K)
     LS = np.linalg.cholesky(Sigma)
@@ -2608,7 +2590,6 @@ def em_ep_grad(K, X, kernel, log_hyp, mu, Sigma, discrete=None):
 def difference_index(y):
     """The class y_i of each case and, for each latent g_i^{y_i,j} in K&G's order (45),
     its case i and its class j. Returns yc (n,), case (n (J-1),), cls (n (J-1),)."""
-    _check_one_hot(y)
     J, n = y.shape
     yc = np.empty(n, np.int64)
     for i in range(n):
@@ -2643,8 +2624,6 @@ def difference_covariance(C, y):
     + delta(j, l)) c(x_i, x_k), with C = c(X, X) (n, n) and y one-hot (J, n).
     """
     yc, case, cls = difference_index(y)
-    if C.shape[0] != yc.shape[0] or C.shape[1] != yc.shape[0]:
-        raise ValueError("C must have shape (n, n) to match y of shape (J, n)")
     N = case.shape[0]
     Kg = np.empty((N, N))
     for a in range(N):
@@ -2683,14 +2662,21 @@ def ep_multiclass(C, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_s
     Each t_(i,j)(g) = H(g_i^{y_i,j}) is a step site of label +1 (K&G 49), so
     this is Algorithm 3.5 (ep, likelihood 'step', eps = 0) on Kg = (K&G 43):
     O((n (J - 1))^3) per sweep. For J = 2, g_i = y_i (f_i^1 - f_i^2) with
-    covariance 2 y_i y_k c(x_i, x_k): the binary model (scaled by sqrt 2).
+    covariance 2 y_i y_k c(x_i, x_k): the binary model (scaled by sqrt 2). A
+    case with c(x_i, x_i) = 0 has f_i^c = 0 for every class: its J classes tie
+    and its factor is 1/J (the limit of every class's latent shrinking to 0
+    together; Laplace's softmax gives the same), where ep's step sites give
+    H(0)^(J-1) = (1/2)^(J-1).
     """
+    J = y.shape[0]
     Kg = difference_covariance(C, y)
     ones = np.ones(Kg.shape[0])
     # arguments typed as at a call from Python (not numba literals), so that this call
     # shares ep's compilation for likelihood 'step' instead of compiling it again
-    return ep(Kg, ones, nu_tilde_init, tau_tilde_init, float(tol), np.int64(max_sweeps),
-              "natural"[:], np.int64(0), "step"[:], 0.0)
+    out = ep(Kg, ones, nu_tilde_init, tau_tilde_init, tol, max_sweeps, "natural"[:], np.int64(0), "step"[:], 0.0)
+    n_tied = (np.diag(C) == 0.0).sum()                        # cases with no prior variance: J-way ties
+    log_Z = out[2] + n_tied * ((J - 1) * math.log(2.0) - math.log(J))
+    return out[0], out[1], log_Z, out[3], out[4], out[5], out[6], out[7], out[8], out[9]
 
 
 @njit(cache=True)
@@ -2799,8 +2785,6 @@ def orthant_probability(mean, cov, n_points=4000, n_shifts=8, seed=0):
     over the shifts).
     """
     k = mean.shape[0]
-    if cov.shape[0] != k or cov.shape[1] != k:
-        raise ValueError("cov must have shape (k, k) to match mean")
     if k == 1:
         return std_normal_cdf(mean[0] / math.sqrt(cov[0, 0])), 0.0
     if k == 2:
@@ -2891,13 +2875,9 @@ def ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L=None
     integration error. Eq. 54 picks the class with the largest f_bar_star.
     """
     yc, case, cls = difference_index(y)
-    J, n = y.shape
+    J = y.shape[0]
     N = case.shape[0]
     m = K_star.shape[1]
-    if nu_tilde.shape[0] != N or tau_tilde.shape[0] != N:
-        raise ValueError("nu_tilde and tau_tilde must have n (J - 1) entries, as from ep_multiclass")
-    if K_star.shape[0] != n or k_star_star.shape[0] != m:
-        raise ValueError("K_star must have shape (n, m) and k_star_star shape (m,)")
     Kg = difference_covariance(C, y)
     sS = np.sqrt(tau_tilde)
     if L is None:
@@ -3022,24 +3002,23 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
     """
     from scipy.optimize import minimize
 
-    X = _as_2d_float(X, "X")
     idx, classes = class_labels(y, "y")
     if idx.shape[0] != X.shape[0]:
-        raise ValueError(f"X and y must have the same number of samples, got {X.shape[0]} and {idx.shape[0]}")
-    _check_choice(kernel, "kernel", _KERNELS)
+        raise ValueError(f"em_ep: X and y must have the same number of samples, got {X.shape[0]} and "
+                         f"{idx.shape[0]}")
     d = X.shape[1]
-    h = _check_log_hyp(default_log_hyp(kernel, X) if log_hyp0 is None else log_hyp0, kernel, d, "log_hyp0")
+    h = default_log_hyp(kernel, X) if log_hyp0 is None else log_hyp0
     J = classes.shape[0]
     if J > 2 and (eps0 != 0.0 or learn_eps):
-        raise ValueError(f"y has {J} classes: multi-class EM-EP has eps = 0 (K&G 47); "
+        raise ValueError(f"em_ep: y has {J} classes: multi-class EM-EP has eps = 0 (K&G 47); "
                          f"got eps0={eps0}, learn_eps={learn_eps}")
     disc = discrete_flags(discrete, d)
     if bounds is None:
-        bounds = default_bounds(kernel, d)
-    if len(bounds) != h.shape[0]:
+        bounds = np.array(default_bounds(kernel, d), dtype=float)
+    if bounds.shape[0] != h.shape[0]:     # (the spec ties bounds to log_hyp0, which may be None)
         raise ValueError(f"em_ep: bounds must have one (low, high) pair per log-hyperparameter "
-                         f"({h.shape[0]} for kernel {kernel!r}), got {len(bounds)}")
-    lo, hi = np.array([b[0] for b in bounds]), np.array([b[1] for b in bounds])
+                         f"({h.shape[0]} for kernel {kernel!r}), got {bounds.shape[0]}")
+    lo, hi = bounds[:, 0], bounds[:, 1]
     h = np.clip(h, lo, hi)
     if J == 2:
         y_t = np.where(idx == 1, 1.0, -1.0)
@@ -3056,15 +3035,12 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
     while True:
         C = kernel_matrix(kernel, X, X, h, disc)
         nu0, tau0 = (None, None) if sites is None else sites
-        try:                                                                       # E-step
-            if J == 2:
-                res = ep.unchecked(C, y_t, nu0, tau0, 1e-9, 100, "natural", 0, "step", eps)
-                K, y_g = C, y_t
-            else:
-                res = ep_multiclass.unchecked(C, Y, nu0, tau0)
-                K, y_g = difference_covariance(C, Y), np.ones(res.mu.shape[0])
-        except np.linalg.LinAlgError:
-            raise ValueError(_NOT_PSD_EP) from None
+        if J == 2:                                                                 # E-step
+            res = ep.unchecked(C, y_t, nu0, tau0, likelihood="step", eps=eps)
+            K, y_g = C, y_t
+        else:
+            res = ep_multiclass.unchecked(C, Y, nu0, tau0)
+            K, y_g = difference_covariance(C, Y), np.ones(res.mu.shape[0])
         _warn_not_converged(res, "em_ep")
         sites = (res.nu_tilde, res.tau_tilde)
         mu, Sigma = res.mu, res.Sigma

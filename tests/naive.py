@@ -289,3 +289,11 @@ def step_search(a, da, f, df, psi, y, lik):
         if value >= psi - 1e-12 * (1 + abs(psi)):
             return t, value
     return 0.0, psi
+
+
+def rank_one_updates(Sigma, columns, coefficients):
+    """Sigma - c_j s_j s_j^T applied one after the other (GPML 3.70), the plain form of the update."""
+    Sigma = np.array(Sigma, dtype=float)
+    for s, c in zip(columns, coefficients):
+        Sigma = Sigma - c * np.outer(s, s)
+    return Sigma

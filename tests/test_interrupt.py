@@ -77,6 +77,10 @@ CALLS = {
                                 lambda: gpclab.elliptical_slice_latent(K, y, "probit", 5, thin=10 ** 9)),
     "ais": (lambda: gpclab.ais(K, y, "probit", 40, 2, 0.2, 5),
             lambda: gpclab.ais(K, y, "probit", 10 ** 7, 2, 0.2, 5)),
+    "hmc_latent (leapfrog)": (lambda: gpclab.hmc_latent(K, y, "probit", 5, 0.2, 5),
+                              lambda: gpclab.hmc_latent(K, y, "probit", 1, 0.2, 10 ** 9)),
+    "ais (leapfrog)": (lambda: gpclab.ais(K, y, "probit", 40, 2, 0.2, 5),
+                       lambda: gpclab.ais(K, y, "probit", 40, 2, 0.2, 10 ** 8)),
     "mcmc_posterior": (
         lambda: gpclab.mcmc_posterior(X, y, [0.0, 0.5], n_samples=5, burn_in=0),
         lambda: gpclab.mcmc_posterior(X, y, [0.0, 0.5], n_samples=5, burn_in=0, thin=10 ** 9)),
@@ -118,7 +122,8 @@ for line in sys.stdin:
 NAMES = ["laplace_mode (loop)", "ep", "laplace_mode_multiclass (loop)", "laplace_predict_multiclass",
          "ep_multiclass", "em_ep", "ml2 (loop)", "GPClassifier.fit (restarts)", "cross_validate (loop)",
          "evidence_grid",
-         "hmc_latent", "elliptical_slice_latent", "ais", "mcmc_posterior", "ais_grid", "hmc_hyperparameters",
+         "hmc_latent", "hmc_latent (leapfrog)", "elliptical_slice_latent", "ais", "ais (leapfrog)",
+         "mcmc_posterior", "ais_grid", "hmc_hyperparameters",
          "truncated_gaussian_gibbs", "orthant_probability", "kernel_matrix"]
 
 
