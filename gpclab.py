@@ -3254,7 +3254,7 @@ BOXES = {
     },
 }
 
-_LABEL = re.compile(r"#\s*lines?\s+(\d+)(?:\s*-\s*(\d+))?\s*:\s*(.*)$")
+_LABEL = re.compile(r"#\s*lines?\s+(\d+)(?:\s*-\s*(\d+))?\s*(?::\s*(.*))?$")
 
 
 def _box(name):
@@ -3269,17 +3269,32 @@ def _box(name):
 def box_labels(name):
     """The labelled code lines of a box's function: a list of (first, last, code, label text),
     in the order of the source, for each trailing comment `# line N: ...` or `# lines N-M: ...`."""
+    import io
+    import tokenize
     _, box = _box(name)
     fn = globals()[box["function"]]
     source = inspect.getsource(getattr(fn, "py_func", fn))
+    lines = source.splitlines()
+    start = {}                                   # physical line -> first line of its statement
+    first_line = None
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type in (tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT):
+            continue
+        if first_line is None:
+            first_line = tok.start[0]
+        for k in range(tok.start[0], tok.end[0] + 1):
+            start.setdefault(k, first_line)
+        if tok.type == tokenize.NEWLINE:
+            first_line = None
     out = []
-    for line in source.splitlines():
+    for k, line in enumerate(lines, 1):
         code, hash_, comment = line.partition("#")
         match = _LABEL.match(hash_ + comment) if code.strip() else None
         if match:
             first = int(match.group(1))
             last = int(match.group(2) or first)
-            out.append((first, last, code.rstrip(), match.group(3).strip()))
+            statement = " ".join(l.partition("#")[0].strip() for l in lines[start.get(k, k) - 1:k])
+            out.append((first, last, statement, (match.group(3) or "").strip()))
     return out
 
 
