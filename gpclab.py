@@ -4750,7 +4750,8 @@ def _check_executor(executor, where, parallel=False):
     process whose OpenMP threads have started (numba's 'omp' layer, GNU OpenMP on
     Linux, after any ais call) dies when it runs parallel code ("fork() called from a
     process already using GNU OpenMP") and the pool breaks or hangs: refused, with
-    the two ways out. numba's 'tbb' layer (pip install tbb) is fork-safe.
+    the two ways out. numba's 'tbb' layer is fork-safe (measured: the forked pool gives the
+    serial answer).
     """
     if executor is None:
         return None
@@ -4765,8 +4766,8 @@ def _check_executor(executor, where, parallel=False):
         raise RuntimeError(
             f"{where}: executor starts its workers by fork, and this process has started numba's "
             "OpenMP threads (an ais call): GNU OpenMP kills a forked worker that runs ais, and the "
-            f"pool breaks. Use a spawn context, {_SPAWN_POOL}, or install tbb (pip install tbb), "
-            "numba's fork-safe threading layer")
+            f"pool breaks. Use a spawn context, {_SPAWN_POOL}, or numba's fork-safe TBB threading "
+            "layer (pip install tbb, libtbb.so.12 on the library path, NUMBA_THREADING_LAYER=tbb)")
     return executor
 
 
