@@ -3362,29 +3362,31 @@ _LIKELIHOODS = ("logistic", "probit", "step")
 _METHODS = ("laplace", "ep", "emep")
 
 
-def _as_2d_float(X, name):
-    """X as a C-contiguous float (n, d) array; ValueError naming `name` otherwise."""
+def _as_2d_float(X, name, where=None):
+    """X as a C-contiguous float (n, d) array; ValueError naming `where` and `name` otherwise."""
+    w = f"{where}: " if where else ""
     try:
         A = np.asarray(X, dtype=float)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{name} must be numeric, got {type(X).__name__}: {e}") from None
+        raise ValueError(f"{w}{name} must be numeric, got {type(X).__name__}: {e}") from None
     if A.ndim == 1:
-        raise ValueError(f"{name} must be 2-D of shape (n_samples, n_features), got shape "
+        raise ValueError(f"{w}{name} must be 2-D of shape (n_samples, n_features), got shape "
                          f"{A.shape}; use {name}.reshape(-1, 1) for a single feature")
     if A.ndim != 2:
-        raise ValueError(f"{name} must be 2-D of shape (n_samples, n_features), got shape {A.shape}")
+        raise ValueError(f"{w}{name} must be 2-D of shape (n_samples, n_features), got shape {A.shape}")
     if A.shape[0] == 0 or A.shape[1] == 0:
-        raise ValueError(f"{name} must not be empty, got shape {A.shape}")
+        raise ValueError(f"{w}{name} must not be empty, got shape {A.shape}")
     bad = ~np.isfinite(A)
     if bad.any():
         i, j = np.argwhere(bad)[0]
-        raise ValueError(f"{name} must be finite, got {A[i, j]} at row {i}, column {j}")
+        raise ValueError(f"{w}{name} must be finite, got {A[i, j]} at row {i}, column {j}")
     return np.ascontiguousarray(A)
 
 
-def _check_choice(value, name, choices):
+def _check_choice(value, name, choices, where=None):
     if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+        raise ValueError(f"{where + ': ' if where else ''}{name} must be one of "
+                         f"{', '.join(map(repr, choices))}, got {value!r}")
     return value
 
 
@@ -3429,18 +3431,18 @@ def discrete_flags(discrete, d, name="discrete"):
     return np.ascontiguousarray(mask) if mask.any() else None
 
 
-def class_labels(y, name="y"):
+def class_labels(y, name="y", where=None):
     """Validate labels of any type: returns (index of each label in classes, classes)."""
     y = np.asarray(y)
     if y.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {y.shape}")
+        raise ValueError(f"{where + ': ' if where else ''}{name} must be 1-D, got shape {y.shape}")
     if y.shape[0] == 0:
-        raise ValueError(f"{name} must not be empty")
+        raise ValueError(f"{where + ': ' if where else ''}{name} must not be empty")
     if y.dtype.kind == "f" and not np.all(np.isfinite(y)):
-        raise ValueError(f"{name} must be finite, got {y[~np.isfinite(y)][0]}")
+        raise ValueError(f"{where + ': ' if where else ''}{name} must be finite, got {y[~np.isfinite(y)][0]}")
     classes, idx = np.unique(y, return_inverse=True)
     if classes.shape[0] < 2:
-        raise ValueError(f"{name} must contain at least two classes, got {classes.tolist()}")
+        raise ValueError(f"{where + ': ' if where else ''}{name} must contain at least two classes, got {classes.tolist()}")
     return idx.ravel(), classes
 
 
@@ -3451,7 +3453,7 @@ def one_hot(idx, C):
     return Y
 
 
-def binary_labels(y, name="y"):
+def binary_labels(y, name="y", where=None):
     """Map any two-class labels to -1/+1 (GPML section 3.2).
 
     Returns (y_pm, classes): classes are the sorted distinct labels; the
@@ -3459,14 +3461,14 @@ def binary_labels(y, name="y"):
     """
     y = np.asarray(y)
     if y.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {y.shape}")
+        raise ValueError(f"{where + ': ' if where else ''}{name} must be 1-D, got shape {y.shape}")
     if y.shape[0] == 0:
-        raise ValueError(f"{name} must not be empty")
+        raise ValueError(f"{where + ': ' if where else ''}{name} must not be empty")
     if y.dtype.kind == "f" and not np.all(np.isfinite(y)):
-        raise ValueError(f"{name} must be finite, got {y[~np.isfinite(y)][0]}")
+        raise ValueError(f"{where + ': ' if where else ''}{name} must be finite, got {y[~np.isfinite(y)][0]}")
     classes = np.unique(y)
     if classes.shape[0] != 2:
-        raise ValueError(f"{name} must contain exactly two classes for binary "
+        raise ValueError(f"{where + ': ' if where else ''}{name} must contain exactly two classes for binary "
                          f"classification, got {classes.shape[0]}: {classes[:10].tolist()}")
     return np.where(y == classes[1], 1.0, -1.0), classes
 
@@ -3485,6 +3487,22 @@ def default_log_hyp(kernel, X):
     return np.concatenate([[0.0, np.log(0.1)], np.zeros(d)])
 
 
+def _input_spread(X):
+    """The median distance r between inputs (at most 500 of them): the unit of the length-scales.
+
+    1.0 if all inputs coincide. Scaling X by c scales r by c, and with it
+    data_log_hyp's start and default_bounds' length-scale bounds, so that
+    ML-II does not depend on the unit of X.
+    """
+    from scipy.spatial.distance import pdist
+
+    X = np.asarray(X, dtype=float)
+    sub = X[np.linspace(0, X.shape[0] - 1, min(X.shape[0], 500)).astype(int)]
+    dist = pdist(sub) if sub.shape[0] > 1 else np.zeros(0)
+    dist = dist[dist > 0]
+    return float(np.median(dist)) if dist.size else 1.0
+
+
 def data_log_hyp(kernel, X, y):
     """A starting point for ML-II from the data: GPClassifier's default.
 
@@ -3499,7 +3517,6 @@ def data_log_hyp(kernel, X, y):
     tiny length-scale.
     """
     from scipy.special import ndtri
-    from scipy.spatial.distance import pdist
 
     X = np.asarray(X, dtype=float)
     if np.ndim(y) == 2:                                   # one-hot (C, n)
@@ -3508,10 +3525,7 @@ def data_log_hyp(kernel, X, y):
         _, counts = np.unique(np.asarray(y), return_counts=True)
     p = min(counts.max() / counts.sum(), 0.99)
     b2 = float(ndtri(p)) ** 2 if len(counts) == 2 else 0.0
-    sub = X[np.linspace(0, X.shape[0] - 1, min(X.shape[0], 500)).astype(int)]
-    dist = pdist(sub)
-    dist = dist[dist > 0]
-    r = float(np.median(dist)) if dist.size else 1.0
+    r = _input_spread(X)
     sf2 = 4.0 * (1.0 + b2)
     d = X.shape[1]
     if kernel == "se":
@@ -3534,19 +3548,32 @@ _PLATEAU_MSG = ("ended on the trivial plateau of the evidence, n log(1/C) = {v0:
                 "Start from data_log_hyp(kernel, X, y) (GPClassifier's default) or use restarts")
 
 
-def default_bounds(kernel, d):
+def default_bounds(kernel, d, X=None):
     """Box bounds for ML-II in log space.
 
     The signal variance is capped at sf^2 = 1e5, as Kuss & Rasmussen
     (appendix B) recommend: beyond it the evidence is flat in sf.
+    Length-scales: l from e^-10 r to e^10 r ('se'; for 'ard', 'kg', 'kg_iso'
+    the inverse squared length-scales w = 1 / l^2 from e^-20 / r^2 to
+    e^10 / r^2), with r the median distance between the inputs of X
+    (_input_spread), or r = 1 without X. Relative to r, the bounds follow X
+    into any unit: x in metres or in micrometres gives the same fit.
     """
     cap = 0.5 * np.log(1e5)
+    log_r = 0.0 if X is None else np.log(_input_spread(X))
     if kernel == "se":
-        return [(-10.0, 10.0), (-10.0, cap)]
+        return [(log_r - 10.0, log_r + 10.0), (-10.0, cap)]
+    w = (-20.0 - 2.0 * log_r, 10.0 - 2.0 * log_r)
     if kernel in ("kg", "kg_iso"):
         return ([(-10.0, np.log(1e5)), (-15.0, np.log(1e5)), (-15.0, np.log(1e5))]
-                + [(-20.0, 10.0)] * (d if kernel == "kg" else 1))
-    return [(-10.0, np.log(1e5)), (-15.0, np.log(1e5))] + [(-20.0, 10.0)] * d
+                + [w] * (d if kernel == "kg" else 1))
+    return [(-10.0, np.log(1e5)), (-15.0, np.log(1e5))] + [w] * d
+
+
+def _length_scale_index(kernel, d):
+    """Positions of the length-scale parameters in a log_hyp of `kernel` on d inputs."""
+    return {"se": [0], "ard": list(range(2, 2 + d)), "kg": list(range(3, 3 + d)),
+            "kg_iso": [3]}[kernel]
 
 
 def _mode_or_raise(K, y, likelihood, a_init=None):
@@ -3675,18 +3702,46 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
     1e-4 nats at a log evidence of -100, where each evaluation runs EP (2.2e-9 polishes
     digits that no comparison of models uses: on Boston, n = 500, kg + step, the last 4 s
     of 8 s raised log Z_EP by 2e-3 nats).
-    Returns (log_hyp, log evidence (plus log prior), result). Warns if it ends on
-    the trivial plateau n log(1/C) (K ~ 0 or a tiny length-scale, where the
-    gradient vanishes and L-BFGS-B stops at once).
+    bounds: default default_bounds(kernel, d, X), length-scale bounds
+    relative to the spread of X.
+    Returns (log_hyp, log evidence (plus log prior), result), result
+    scipy's OptimizeResult (result.success: whether L-BFGS-B converged).
+    Warns if L-BFGS-B stopped without converging (its message, e.g. the
+    iteration limit max_iter), if a length-scale ends on its bound (the
+    evidence rises beyond it: bounds too narrow for the unit of X; not for
+    an ARD weight w_m at its lower bound, an input found irrelevant, nor at
+    K&R's signal-variance cap), and if it ends
+    on the trivial plateau n log(1/C) (K ~ 0 or a tiny length-scale, where
+    the gradient vanishes and L-BFGS-B stops at once).
     """
-    from scipy.optimize import minimize
-
+    ctx = _Context("ml2")
+    if ftol is not None:
+        ftol = _SCALARS["nonneg"](ftol, "ftol", ctx)
     if hyp_prior is not None and (len(hyp_prior) != 2 or not hyp_prior[1] > 0):
         raise ValueError(f"ml2: hyp_prior must be (mean, sd) with sd > 0, got {hyp_prior!r}")
+    counts = np.sum(y, axis=1) if np.ndim(y) == 2 else np.array([np.sum(y < 0), np.sum(y > 0)])
+    if np.count_nonzero(counts) < 2:
+        raise ValueError(f"ml2: y must hold at least two classes, got {np.count_nonzero(counts)} "
+                         f"(class counts {counts.astype(int).tolist()} over n = {int(np.sum(counts))})")
+    h, v, res, notes = _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_prior,
+                                discrete, eps, ftol)
+    for note in notes.values():
+        warnings.warn("ml2: " + note, RuntimeWarning, stacklevel=2)
+    return h, v, res
+
+
+def _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_prior, discrete, eps,
+             ftol):
+    """ml2 on checked arguments. Returns (log_hyp, value, OptimizeResult, notes): notes maps
+    'failed', 'bound', 'plateau' to the warnings ml2 gives; the caller decides which to give
+    (GPClassifier's restarts drop the plateau of a start), and no global warnings state is
+    touched, so that fits in several threads do not disturb each other."""
+    from scipy.optimize import minimize
+
     multi = np.ndim(y) == 2 and method == "laplace"   # per-class hyperparameters (C, p) possible
     shape = np.shape(log_hyp0)
     if bounds is None:
-        bounds = default_bounds(kernel, X.shape[1])
+        bounds = default_bounds(kernel, X.shape[1], X)
     C = y.shape[0] if multi else 1
 
     def unpack(x):
@@ -3725,14 +3780,38 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
     res = minimize(neg, x0, jac=True, method="L-BFGS-B", bounds=bounds,
                    options={"maxiter": max_iter,
                             "ftol": ftol if ftol is not None else 1e-6 if method in ("ep", "emep") else 2.2e-9})
+    notes = {}
+    if not res.success:
+        notes["failed"] = (f"L-BFGS-B stopped without converging after {res.nit} iterations "
+                           f"({res.message}); the last log_hyp is used")
+    x = np.asarray(res.x)
+    p = x.size // (C if multi and len(shape) == 2 else 1)
+    on_bound = []
+    for k in range(x.size):
+        lo, hi = bounds[k]
+        if k % p not in _length_scale_index(kernel, X.shape[1]) or not lo < hi:
+            continue
+        # the smallest length-scale allowed: l at its lower bound ('se'), w = 1/l^2 at its upper;
+        # the largest only for 'se' (every input ignored): an ARD weight w at its lower bound
+        # is an input ARD found irrelevant (W&B), no cause for a warning
+        tiny = x[k] <= lo if kernel == "se" else x[k] >= hi
+        if tiny or (kernel == "se" and x[k] >= hi):
+            on_bound.append(f"log_hyp[{k}] = {x[k]:.4g} on its {'lower' if x[k] <= lo else 'upper'} "
+                            f"bound {lo if x[k] <= lo else hi:.4g}")
+    if on_bound:
+        notes["bound"] = ("a length-scale ended on its bound: " + "; ".join(on_bound) + ". The evidence "
+                          "rises beyond it: widen bounds (default_bounds(kernel, d, X) follows the spread "
+                          "of X) or check the units of X")
     if hyp_prior is None and _trivial_plateau(-float(res.fun), y):
-        C, n = (y.shape[0], y.shape[1]) if np.ndim(y) == 2 else (2, len(y))
-        warnings.warn(f"ml2 {_PLATEAU_MSG.format(v0=n * np.log(1.0 / C))} ({res.nit} iterations)",
-                      RuntimeWarning, stacklevel=2)
-    return np.asarray(res.x).reshape(shape), -float(res.fun), res
+        C_, n = (y.shape[0], y.shape[1]) if np.ndim(y) == 2 else (2, len(y))
+        notes["plateau"] = f"{_PLATEAU_MSG.format(v0=n * np.log(1.0 / C_))} ({res.nit} iterations)"
+    return x.reshape(shape), -float(res.fun), res, notes
 
 
-class GPClassifier:
+from sklearn.base import BaseEstimator, ClassifierMixin  # noqa: E402  (scikit-learn's estimator API)
+
+
+class GPClassifier(ClassifierMixin, BaseEstimator):
     """Gaussian-process classifier in the scikit-learn style.
 
     Two classes: binary GPC with the logistic or probit likelihood by Laplace
@@ -3751,12 +3830,15 @@ class GPClassifier:
         latent noise (K&G 13) with one inverse length-scale per input ('kg',
         ARD on: K&G's "(m)" models) or one for all ('kg_iso', ARD off: "(s)");
         see the covariance functions (Part I) for log_hyp. Default: 'se', or 'kg' for
-        method 'emep'.
+        method 'emep' and for EP on more than two classes (K&G's covariance: its
+        latent noise t2 keeps the covariance of the difference latents positive
+        definite, which with 'se' it is not in floating point at n = 300).
     likelihood : {'logistic', 'probit', 'step'}, optional
         'step' is K&G's eps + (1 - 2 eps) H(y f) (K&G 10), for EP and EM-EP.
         For more than two classes 'logistic' means its generalisation, the
         softmax (3.34), and 'step' the product of steps (K&G 47). Default:
-        'logistic' for Laplace, 'probit' for EP, 'step' for EM-EP.
+        'logistic' for Laplace, 'probit' for binary EP, 'step' for EM-EP and
+        for EP on more than two classes (K&G's model, the only multi-class EP).
     method : {'laplace', 'ep', 'emep'}
         Laplace (GPML 3.4, 3.5), expectation propagation with ML-II (GPML
         3.6; K&G 4.2 for more than two classes), or EP with EM-EP learning of
@@ -3777,16 +3859,22 @@ class GPClassifier:
         Fit log_hyp by ML-II (maximising the approximate log evidence) or, for
         method 'emep', by EM-EP.
     bounds : list of (low, high), optional
-        Box bounds for ML-II or the M-step in log space (default_bounds).
+        Box bounds for ML-II or the M-step in log space, one pair per
+        log-hyperparameter. Default: default_bounds(kernel, d, X), whose
+        length-scale bounds follow the spread of X (so that the fit does not
+        depend on the unit of X); for EM-EP, whose start is K&G's for
+        standardised inputs, default_bounds(kernel, d).
     n_restarts : int
         Extra ML-II or EM-EP runs from random starts, normal with sd 1 in log
         space around the start and within `bounds`; the one of largest
         evidence is kept. (Starts drawn uniformly within the bounds mostly
         land on the flat evidence n log(1/C) of K ~ 0 or a tiny length-scale,
         where ML-II stops at once.) A fit that ends there warns.
-    random_state : int
+    random_state : None, int, numpy RandomState or Generator
         Seed for the restarts and for the Monte Carlo predictions of the
-        multi-class Laplace model.
+        multi-class Laplace model: an int gives the same fit and predictions
+        every time; None, a RandomState or a Generator give one seed per fit
+        (seed_), so that a fitted model predicts the same each time.
     shared_hyp : bool
         Multi-class Laplace only: one set of hyperparameters for all C latent
         functions (default) or one per class (as Williams & Barber).
@@ -3808,16 +3896,31 @@ class GPClassifier:
     tol : float
         Method 'emep': convergence of EM-EP, in nats (em_ep).
 
+    scikit-learn: GPClassifier is a scikit-learn estimator (clone, Pipeline,
+    GridSearchCV, cross_val_score, CalibratedClassifierCV, OneVsRestClassifier)
+    and passes sklearn.utils.estimator_checks.check_estimator for the three
+    methods with no expected failure: EXPECTED_FAILED_CHECKS, the place to
+    declare one with its GP reason, is empty. X is checked by scikit-learn's
+    validate_data (its messages), y by check_classification_targets. fit
+    warns (RuntimeWarning) without touching the global warning filters, so
+    that models can be fitted in several threads at once.
+
     Attributes (after fit)
     ----------------------
     classes_ : the labels; for two classes classes_[1] is class +1.
+    n_features_in_, feature_names_in_ : scikit-learn's: the number of inputs,
+        and the column names of a DataFrame X (predictions check them).
+    converged_ : whether ML-II's optimiser (L-BFGS-B) or EM-EP converged
+        (True without optimize); fit warns when not.
+    n_iter_ : ML-II iterations of the best run, or EM rounds of EM-EP; without
+        optimize, the Newton steps (Laplace) or EP sweeps of the approximation.
+    seed_ : the seed of the multi-class Laplace predictions, from random_state.
     kernel_, likelihood_ : the covariance function and likelihood used.
     log_hyp_ : fitted log-hyperparameters: (p,), or (C, p) for a multi-class
         Laplace model with shared_hyp=False.
     log_marginal_likelihood_ : approximate log evidence at log_hyp_ (log q for
         Laplace, log Z_EP for EP and EM-EP).
     f_hat_ : posterior mode of the training latents (Laplace).
-    n_iter_ : Newton steps of the last mode search (Laplace), EM rounds (EM-EP).
     nu_tilde_, tau_tilde_ : natural site parameters (EP, EM-EP).
     eps_ : the labelling noise used (EP, EM-EP).
     emep_ : the EMEPResult of em_ep, with the histories of log Z_EP and F.
@@ -3851,67 +3954,148 @@ class GPClassifier:
     _METHOD_LIKELIHOODS = {"laplace": ("logistic", "probit"), "ep": ("probit", "step"),
                            "emep": ("step",)}
 
+    # check_estimator's checks that a GP classifier cannot meet, with the reason (see the
+    # class docstring); tests/test_sklearn.py passes them to scikit-learn's checks.
+    EXPECTED_FAILED_CHECKS = {}
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = False           # K is dense: (n, n) covariances
+        return tags
+
     def _check_params(self):
-        _check_choice(self.method, "method", _METHODS)
-        self.kernel_ = _check_choice(self.kernel if self.kernel is not None else
-                                     ("kg" if self.method == "emep" else "se"), "kernel", _KERNELS)
-        self.likelihood_ = _check_choice(self.likelihood if self.likelihood is not None else
-                                         self._DEFAULT_LIKELIHOOD[self.method], "likelihood",
-                                         _LIKELIHOODS)
-        allowed = self._METHOD_LIKELIHOODS[self.method]
-        if self.likelihood_ not in allowed:
-            raise ValueError(f"method {self.method!r} needs likelihood "
-                             f"{' or '.join(map(repr, allowed))}, got likelihood={self.likelihood_!r}")
-        if not isinstance(self.n_restarts, (int, np.integer)) or self.n_restarts < 0:
-            raise ValueError(f"n_restarts must be a non-negative integer, got {self.n_restarts!r}")
+        _check_choice(self.method, "method", _METHODS, "GPClassifier")
+        if self.kernel is not None:
+            _check_choice(self.kernel, "kernel", _KERNELS, "GPClassifier")
+        if self.likelihood is not None:
+            _check_choice(self.likelihood, "likelihood", _LIKELIHOODS, "GPClassifier")
+            allowed = self._METHOD_LIKELIHOODS[self.method]
+            if self.likelihood not in allowed:
+                raise ValueError(f"GPClassifier: method {self.method!r} needs likelihood "
+                                 f"{' or '.join(map(repr, allowed))}, got likelihood={self.likelihood!r}")
+        if not isinstance(self.n_restarts, (int, np.integer)) or isinstance(self.n_restarts, bool) \
+                or self.n_restarts < 0:
+            raise ValueError(f"GPClassifier: n_restarts must be a non-negative integer, got {self.n_restarts!r}")
         if self.hyp_prior is not None and (len(self.hyp_prior) != 2 or not self.hyp_prior[1] > 0):
-            raise ValueError(f"hyp_prior must be (mean, sd) with sd > 0, got {self.hyp_prior!r}")
+            raise ValueError(f"GPClassifier: hyp_prior must be (mean, sd) with sd > 0, got {self.hyp_prior!r}")
         if self.hyp_prior is not None and self.method == "emep":
-            raise ValueError("hyp_prior is for ML-II; EM-EP maximises the evidence bound without a prior")
-        if not isinstance(self.n_samples, (int, np.integer)) or self.n_samples < 1:
-            raise ValueError(f"n_samples must be a positive integer, got {self.n_samples!r}")
+            raise ValueError("GPClassifier: hyp_prior is for ML-II; EM-EP maximises the evidence bound "
+                             "without a prior")
+        if not isinstance(self.n_samples, (int, np.integer)) or isinstance(self.n_samples, bool) \
+                or self.n_samples < 1:
+            raise ValueError(f"GPClassifier: n_samples must be a positive integer, got {self.n_samples!r}")
         if not (isinstance(self.eps, (int, float, np.floating)) and 0.0 <= self.eps < 0.5):
-            raise ValueError(f"eps must be a number in [0, 0.5), got {self.eps!r}")
-        if self.eps != 0.0 and self.likelihood_ != "step":
-            raise ValueError(f"eps is the labelling noise of likelihood 'step', got likelihood="
-                             f"{self.likelihood_!r} with eps={self.eps}")
+            raise ValueError(f"GPClassifier: eps must be a number in [0, 0.5), got {self.eps!r}")
+        if self.eps != 0.0 and self.likelihood not in ("step", None):
+            raise ValueError(f"GPClassifier: eps is the labelling noise of likelihood 'step', got "
+                             f"likelihood={self.likelihood!r} with eps={self.eps}")
+        if self.eps != 0.0 and self.likelihood is None and self.method == "laplace":
+            raise ValueError(f"GPClassifier: eps is the labelling noise of likelihood 'step' (methods "
+                             f"'ep', 'emep'), got method='laplace' with eps={self.eps}")
         if self.learn_eps and self.method != "emep":
-            raise ValueError("learn_eps is for method 'emep'")
+            raise ValueError("GPClassifier: learn_eps is for method 'emep'")
         ctx = _Context("GPClassifier")
-        for name, kind in (("max_iter", "count"), ("tol", "nonneg"), ("random_state", "seed")):
+        for name, kind in (("max_iter", "count"), ("tol", "nonneg")):
             _SCALARS[kind](getattr(self, name), name, ctx)
+        rs = self.random_state
+        if not (rs is None or isinstance(rs, (np.random.RandomState, np.random.Generator))):
+            if isinstance(rs, (bool, np.bool_)) or not isinstance(rs, (int, np.integer)):
+                raise TypeError(f"GPClassifier: random_state must be None, an int, a "
+                                f"numpy.random.RandomState or a numpy.random.Generator, got {rs!r}")
+            _SCALARS["seed"](rs, "random_state", ctx)
+
+    def _random(self):
+        """(generator of the restarts, seed of the Monte Carlo predictions) from random_state.
+
+        An int seeds both (the same fit and predictions each time); None draws them afresh;
+        a RandomState or Generator gives one number, which seeds both."""
+        rs = self.random_state
+        if rs is None:
+            seed = int(np.random.default_rng().integers(2 ** 31))
+        elif isinstance(rs, np.random.RandomState):
+            seed = int(rs.randint(2 ** 31))
+        elif isinstance(rs, np.random.Generator):
+            seed = int(rs.integers(2 ** 31))
+        else:
+            seed = int(rs)
+        return np.random.default_rng(seed), seed
+
+    def _labels(self, y):
+        """classes_ and the index of each label; scikit-learn's checks and messages."""
+        from sklearn.utils.multiclass import check_classification_targets
+
+        def mixed():
+            kinds = sorted({type(v).__name__ for v in np.asarray(y, dtype=object).ravel()})
+            return ValueError(f"GPClassifier.fit: y mixes labels of types {', '.join(kinds)}, which do "
+                              "not sort together; give labels of one type (e.g. all str or all int), "
+                              "without None")
+
+        if y.dtype == object:
+            kinds = {str if isinstance(v, str) else int if isinstance(v, (int, np.integer)) else type(v)
+                     for v in y}
+            if len(kinds) > 1 or type(None) in kinds:
+                raise mixed()
+        try:
+            check_classification_targets(y)
+            classes, idx = np.unique(y, return_inverse=True)
+        except TypeError:
+            raise mixed() from None
+        if classes.shape[0] < 2:
+            raise ValueError(f"GPClassifier.fit: y has 1 class ({classes.tolist()[0]!r}) in {len(y)} "
+                             "sample(s); a classifier needs at least two classes")
+        return classes, idx.ravel()
 
     def fit(self, X, y):
-        """Fit the hyperparameters (if optimize) and the approximate posterior."""
+        """Fit the hyperparameters (if optimize) and the approximate posterior.
+
+        X : array-like (n, d) of numbers (a DataFrame's column names are kept
+        and checked at prediction); y : n labels of any one type, two or more
+        classes. A second fit starts from a clean state.
+        """
+        from sklearn.utils.validation import validate_data
+
+        for key in [k for k in vars(self) if k.endswith("_") and not k.startswith("_")]:
+            delattr(self, key)                                # refit from a clean state
         self._check_params()
-        X = _as_2d_float(X, "X").copy()                       # the model owns its training data
-        idx, self.classes_ = class_labels(y, "y")
-        if idx.shape[0] != X.shape[0]:
-            raise ValueError(f"X and y must have the same number of samples, "
-                             f"got {X.shape[0]} and {idx.shape[0]}")
+        X, y = validate_data(self, X, y, dtype=np.float64, order="C", copy=True)  # the model owns X
+        self.classes_, idx = self._labels(y)
         C = self.classes_.shape[0]
         d = X.shape[1]
-        self.multiclass_ = C > 2
-        self.discrete_ = discrete_flags(self.discrete, d)
-        if self.multiclass_:
-            if self.method == "laplace" and self.likelihood_ != "logistic":
-                raise ValueError(f"y has {C} classes: the multi-class Laplace model is the softmax "
-                                 f"(GPML 3.5), likelihood='logistic', got {self.likelihood_!r}")
-            if self.method != "laplace" and self.likelihood_ != "step":
-                raise ValueError(f"y has {C} classes: multi-class EP is Kim & Ghahramani's model on "
-                                 f"difference latents, likelihood='step', got {self.likelihood_!r}")
-            if self.method != "laplace" and (self.eps != 0.0 or self.learn_eps):
-                raise ValueError(f"y has {C} classes: multi-class EP has eps = 0 (K&G 47)")
-            if self.method != "laplace" and not self.shared_hyp:
-                raise ValueError("multi-class EP has one covariance function for all classes "
-                                 "(K&G 38): shared_hyp must be True")
-        per_class = self.multiclass_ and self.method == "laplace" and not self.shared_hyp
-        y_t = one_hot(idx, C) if self.multiclass_ else np.where(idx == 1, 1.0, -1.0)
+        multiclass = C > 2
+        method = self.method
+        # K&G's covariance for their models (EM-EP, multi-class EP): its latent noise t2 keeps the
+        # covariance of the difference latents positive definite (with 'se' at n = 300 it is not)
+        kernel = (self.kernel if self.kernel is not None else
+                  "kg" if method == "emep" or (multiclass and method == "ep") else "se")
+        if self.likelihood is not None:
+            likelihood = self.likelihood
+        else:   # multi-class EP is K&G's model on difference latents: the step is its likelihood
+            likelihood = "step" if multiclass and method == "ep" else self._DEFAULT_LIKELIHOOD[method]
+        if self.eps != 0.0 and likelihood != "step":
+            raise ValueError(f"GPClassifier.fit: eps is the labelling noise of likelihood 'step', got "
+                             f"likelihood={likelihood!r} with eps={self.eps}")
+        if multiclass:
+            if method == "laplace" and likelihood != "logistic":
+                raise ValueError(f"GPClassifier.fit: y has {C} classes: the multi-class Laplace model is the "
+                                 f"softmax (GPML 3.5), likelihood='logistic', got {likelihood!r}")
+            if method != "laplace" and likelihood != "step":
+                raise ValueError(f"GPClassifier.fit: y has {C} classes: multi-class EP is Kim & Ghahramani's "
+                                 f"model on difference latents, likelihood='step' (the default), got "
+                                 f"{likelihood!r}")
+            if method != "laplace" and (self.eps != 0.0 or self.learn_eps):
+                raise ValueError(f"GPClassifier.fit: y has {C} classes: multi-class EP has eps = 0 (K&G 47)")
+            if method != "laplace" and not self.shared_hyp:
+                raise ValueError("GPClassifier.fit: multi-class EP has one covariance function for all "
+                                 "classes (K&G 38): shared_hyp must be True")
+        discrete = discrete_flags(self.discrete, d)
+        per_class = multiclass and method == "laplace" and not self.shared_hyp
+        y_t = one_hot(idx, C) if multiclass else np.where(idx == 1, 1.0, -1.0)
+        rng, seed = self._random()
         if self.log_hyp is None:
             # ML-II starts from the data (data_log_hyp); EM-EP from K&G's start (footnote 11),
             # which measured as close to the best log Z_EP (benchmarks/bench_ml2_starts.py)
-            h0 = (data_log_hyp(self.kernel_, X, idx) if self.optimize and self.method != "emep"
-                  else default_log_hyp(self.kernel_, X))
+            h0 = (data_log_hyp(kernel, X, idx) if self.optimize and method != "emep"
+                  else default_log_hyp(kernel, X))
             if per_class:
                 h0 = np.tile(h0, (C, 1))
         elif per_class:
@@ -3919,78 +4103,107 @@ class GPClassifier:
             if h0.ndim == 1:
                 h0 = np.tile(h0, (C, 1))
             if h0.shape[0] != C:
-                raise ValueError(f"log_hyp for shared_hyp=False must have one row per class "
-                                 f"({C}), got shape {h0.shape}")
-            h0 = np.stack([_check_log_hyp(h, self.kernel_, d) for h in h0])
+                raise ValueError(f"GPClassifier.fit: log_hyp for shared_hyp=False must have one row per "
+                                 f"class ({C}), got shape {h0.shape}")
+            h0 = np.stack([_check_log_hyp(h, kernel, d) for h in h0])
         else:
-            h0 = _check_log_hyp(self.log_hyp, self.kernel_, d)
-        self.eps_ = float(self.eps)
-        self.emep_ = None
+            h0 = _check_log_hyp(self.log_hyp, kernel, d)
+        eps = float(self.eps)
+        emep = None
         res = None
+        n_iter = 0
+        converged = True
         if self.optimize:
-            bounds = self.bounds if self.bounds is not None else default_bounds(self.kernel_, d)
+            if self.bounds is not None:
+                bounds = self._checked_bounds(kernel, d)
+            else:   # EM-EP keeps K&G's absolute bounds with their absolute start (default_log_hyp)
+                bounds = default_bounds(kernel, d, None if method == "emep" else X)
 
             def run(start):
-                if self.method == "emep":
-                    out = em_ep(X, self.classes_[idx], start, self.kernel_, self.eps, self.learn_eps,
-                                self.max_iter, self.tol, bounds, discrete=self.discrete_)
-                    return out.log_hyp, out.result.log_Z, out
-                h, v, _ = ml2(X, y_t, start, self.kernel_, self.likelihood_, bounds, self.max_iter,
-                              self.method, self.hyp_prior, self.discrete_, self.eps)
-                return h, v, None
+                if method == "emep":
+                    out = em_ep(X, self.classes_[idx], start, kernel, self.eps, self.learn_eps,
+                                self.max_iter, self.tol, bounds, discrete=discrete)
+                    return out.log_hyp, out.result.log_Z, out, {}
+                h, v, opt, notes = _ml2_run(X, y_t, start, kernel, likelihood, bounds, self.max_iter,
+                                            method, self.hyp_prior, discrete, self.eps, None)
+                return h, v, opt, notes
 
             lo, hi = np.array([b[0] for b in bounds]), np.array([b[1] for b in bounds])
-            with warnings.catch_warnings():   # a start on the plateau is what restarts are for
-                warnings.filterwarnings("ignore", message=".*trivial plateau")
-                best = run(h0)
-                rng = np.random.default_rng(self.random_state)
-                for _ in range(self.n_restarts):
-                    # restarts around the start, 1 (sd) in log space, within the bounds
-                    start = np.clip(np.mean(np.atleast_2d(h0), axis=0)
-                                    + rng.standard_normal(lo.size), lo, hi)
-                    start = np.broadcast_to(start, h0.shape).copy() if h0.ndim == 2 else start
-                    trial = run(start)
-                    if trial[1] > best[1]:
-                        best = trial
-            if self.hyp_prior is None and _trivial_plateau(best[1], y_t):
-                C_, n_ = (y_t.shape[0], y_t.shape[1]) if y_t.ndim == 2 else (2, len(y_t))
-                warnings.warn("GPClassifier.fit: ML-II " + _PLATEAU_MSG.format(v0=n_ * np.log(1.0 / C_)),
-                              RuntimeWarning, stacklevel=2)
-            h0, _, self.emep_ = best
-            if self.emep_ is not None:
-                self.eps_ = float(self.emep_.eps)
-                res = self.emep_.result
-        self.log_hyp_ = np.ascontiguousarray(h0, dtype=float)
-        self.X_train_ = X
-        self.y_train_ = y_t
+            best = run(h0)
+            for _ in range(self.n_restarts):
+                # restarts around the start, 1 (sd) in log space, within the bounds
+                start = np.clip(np.mean(np.atleast_2d(h0), axis=0) + rng.standard_normal(lo.size), lo, hi)
+                start = np.broadcast_to(start, h0.shape).copy() if h0.ndim == 2 else start
+                trial = run(start)
+                if trial[1] > best[1]:
+                    best = trial
+            h0, _, out, notes = best
+            if method == "emep":
+                emep = out
+                eps = float(emep.eps)
+                res = emep.result
+                n_iter, converged = emep.n_iter, bool(emep.converged)
+            else:
+                n_iter, converged = int(out.nit), bool(out.success)
+            if self.hyp_prior is not None:
+                notes.pop("plateau", None)
+            for note in notes.values():     # of the best run: a start on the plateau is what restarts are for
+                warnings.warn("GPClassifier.fit: ML-II " + note, RuntimeWarning, stacklevel=2)
+        log_hyp = np.ascontiguousarray(h0, dtype=float)
+        class_hyp = (np.tile(log_hyp, (C, 1)) if multiclass and method == "laplace" and log_hyp.ndim == 1
+                     else log_hyp)
         if res is None:
-            _, _, res, _ = evidence(X, y_t, self._class_hyp(self.log_hyp_), self.kernel_,
-                                    self.likelihood_, self.method, None, False, self.discrete_,
-                                    self.eps_)
-        if self.multiclass_ and self.method == "laplace":
-            self.K_ = np.stack([kernel_matrix(self.kernel_, X, X, h, self.discrete_)
-                                for h in self._class_hyp(self.log_hyp_)])
+            _, _, res, _ = evidence(X, y_t, class_hyp, kernel, likelihood, method, None, False, discrete, eps)
+        if not self.optimize:            # the iterations of the one approximation
+            n_iter = int(res.n_iter if method == "laplace" else res.n_sweeps)
+        if multiclass and method == "laplace":
+            K = np.stack([kernel_matrix(kernel, X, X, h, discrete) for h in class_hyp])
         else:
-            self.K_ = kernel_matrix(self.kernel_, X, X, self.log_hyp_, self.discrete_)
+            K = kernel_matrix(kernel, X, X, log_hyp, discrete)
         _warn_not_converged(res, "GPClassifier.fit")
-        if self.emep_ is not None and not self.emep_.converged:
-            warnings.warn(f"GPClassifier.fit: EM-EP did not converge in {self.emep_.n_iter} rounds "
+        if emep is not None and not emep.converged:
+            warnings.warn(f"GPClassifier.fit: EM-EP did not converge in {emep.n_iter} rounds "
                           f"(tol {self.tol}); the last hyperparameters are used", RuntimeWarning,
                           stacklevel=2)
+        # every fitted attribute is set here, at the end: a fit that fails leaves none
+        self.kernel_, self.likelihood_, self.multiclass_, self.discrete_ = kernel, likelihood, multiclass, discrete
+        self.seed_ = seed
+        self.eps_ = eps
+        self.emep_ = emep
+        self.log_hyp_ = log_hyp
+        self.X_train_ = X
+        self.y_train_ = y_t
+        self.K_ = K
         self.result_ = res
-        if self.multiclass_ and self.method == "laplace":
+        self.n_iter_ = n_iter
+        self.converged_ = converged
+        if multiclass and method == "laplace":
             self.G_ = multiclass_G.unchecked(res.E, res.M)  # M\E_c, reused by every prediction
-        if self.method == "laplace":
+        if method == "laplace":
             self.f_hat_ = res.f_hat
-            self.n_iter_ = res.n_iter
             self.log_marginal_likelihood_ = float(res.log_q)
         else:
             self.nu_tilde_ = res.nu_tilde
             self.tau_tilde_ = res.tau_tilde
             self.log_marginal_likelihood_ = float(res.log_Z)
-            if self.emep_ is not None:
-                self.n_iter_ = self.emep_.n_iter
         return self
+
+    def _checked_bounds(self, kernel, d):
+        """self.bounds as a list of (low, high), one per log-hyperparameter of one class."""
+        p = n_hyp(kernel, d)
+        try:
+            b = np.asarray(self.bounds, dtype=float)
+        except (TypeError, ValueError):
+            b = None
+        if b is None or b.shape != (p, 2):
+            raise ValueError(f"GPClassifier.fit: bounds must have shape ({p}, 2), one (low, high) pair per "
+                             f"log-hyperparameter of kernel {kernel!r} on {d} inputs, got "
+                             f"{'shape ' + str(b.shape) if b is not None else repr(self.bounds)}")
+        if np.any(np.isnan(b)) or np.any(b[:, 0] > b[:, 1]):
+            i = int(np.argmax(np.isnan(b).any(axis=1) | (b[:, 0] > b[:, 1])))
+            raise ValueError(f"GPClassifier.fit: bounds must be (low, high) pairs with low <= high, got "
+                             f"{tuple(b[i])} at {i}")
+        return [tuple(map(float, r)) for r in b]
 
     def _class_hyp(self, h):
         """Log-hyperparameters as the numba layer wants them: (C, p) for multi-class Laplace."""
@@ -3999,16 +4212,16 @@ class GPClassifier:
         return np.tile(h, (self.classes_.shape[0], 1)) if h.ndim == 1 else h
 
     def _check_fitted(self):
-        if not hasattr(self, "log_hyp_"):
-            raise ValueError("this GPClassifier is not fitted yet: call fit(X, y) first")
+        from sklearn.utils.validation import check_is_fitted
+
+        check_is_fitted(self, "log_hyp_")
 
     def _X_test(self, X):
+        from sklearn.utils.validation import validate_data
+
         self._check_fitted()
-        X = _as_2d_float(X, "X")
-        if X.shape[1] != self.X_train_.shape[1]:
-            raise ValueError(f"X must have {self.X_train_.shape[1]} features as in fit, "
-                             f"got {X.shape[1]}")
-        return X
+        X = validate_data(self, X, reset=False, dtype=np.float64, order="C")
+        return X if X.flags.writeable else X.copy()
 
     def predict_latent(self, X):
         """Latent predictive mean and variance at the rows of X.
@@ -4042,7 +4255,8 @@ class GPClassifier:
             K_star = np.stack(ks)
             kss = np.stack([kernel_diag.unchecked(self.kernel_, X, h) for h in hyp])
             return laplace_predict_multiclass.unchecked(self.K_, self.y_train_, self.result_.f_hat, K_star,
-                                                        kss, self.n_samples, int(self.random_state),
+                                                        kss, self.n_samples,
+                                                        getattr(self, "seed_", self.random_state),
                                                         self.result_.E, self.result_.M,
                                                         getattr(self, "G_", None))   # None: a model pickled before G_
         K_star = kernel_matrix.unchecked(self.kernel_, self.X_train_, X, self.log_hyp_, disc)
@@ -4086,14 +4300,6 @@ class GPClassifier:
         f_bar, _ = self.predict_latent(X)
         return self.classes_[(f_bar > 0).astype(int)]
 
-    def score(self, X, y):
-        """Mean accuracy on (X, y)."""
-        y = np.asarray(y)
-        pred = self.predict(X)
-        if y.shape != pred.shape:
-            raise ValueError(f"y must have one label per row of X, got shape {y.shape}")
-        return float(np.mean(pred == y))
-
     def log_marginal_likelihood(self, log_hyp=None, eval_gradient=False):
         """Approximate log evidence at log_hyp (default: the fitted one), with its gradient."""
         self._check_fitted()
@@ -4127,13 +4333,27 @@ def exact_log_evidence_probit(K, y, releps=1e-5, abseps=1e-14, maxpts=None):
     """
     from scipy.stats import multivariate_normal
 
+    where = "exact_log_evidence_probit"
+    ctx = _Context(where)
+    releps = _SCALARS["nonneg"](releps, "releps", ctx)
+    abseps = _SCALARS["nonneg"](abseps, "abseps", ctx)
+    if maxpts is not None:
+        maxpts = _SCALARS["count"](maxpts, "maxpts", ctx)
     K = np.asarray(K, dtype=float)
     y = np.asarray(y, dtype=float)
+    if y.ndim != 1:
+        raise ValueError(f"{where}: y must be 1-D, got shape {y.shape}")
     n = y.shape[0]
     if K.shape != (n, n):
-        raise ValueError(f"K must have shape ({n}, {n}) to match y, got {K.shape}")
+        raise ValueError(f"{where}: K must have shape ({n}, {n}) to match y, got {K.shape}")
+    if not np.all(np.isfinite(K)):
+        raise ValueError(f"{where}: K must be finite")
+    if not np.allclose(K, K.T, rtol=0.0, atol=1e-8 * max(np.max(np.abs(K)), 1e-300)):
+        i, j = np.unravel_index(np.argmax(np.abs(K - K.T)), K.shape)
+        raise ValueError(f"{where}: K must be symmetric, got K[{i}, {j}] = {K[i, j]:g} but K[{j}, {i}] = "
+                         f"{K[j, i]:g}")
     if not np.all((y == 1) | (y == -1)):
-        raise ValueError("y must contain only -1 and +1")
+        raise ValueError(f"{where}: y must contain only -1 and +1")
     if n > 25:
         raise ValueError(f"exact_log_evidence_probit is for small problems (n <= 25), got n = {n}")
     C = (K + np.eye(n)) * np.outer(y, y)
@@ -4151,7 +4371,7 @@ _NOT_PSD_EP = ("K is not positive semidefinite: B = I + S^1/2 K S^1/2 has no Cho
 
 
 @public(kernel="{se,ard,kg,kg_iso}", likelihood="{probit,step}", X="X", y="(n,) pm1 nonempty", log_hyp="(p,) loghyp",
-        eval_gradient="bool", discrete="(d,) flags ?", eps="eps")
+        eval_gradient="bool", discrete="(d,) flags ?", eps="eps", tol="nonneg")
 def ep_evidence(X, y, log_hyp, kernel="se", sites=None, eval_gradient=True, discrete=None,
                 likelihood="probit", eps=0.0, tol=1e-9):
     """EP log Z_EP (3.65) and its gradient in log_hyp (K&R 51).
@@ -4225,23 +4445,33 @@ def information_bits(p_star, y_test, y_train):
     classes) is perfect, confident classification.
 
     p_star : probabilities of class +1; y_test, y_train : -1/+1 labels.
+    A test case given probability 0 for its class (p = 0 for a +1, p = 1 for
+    a -1) costs infinitely many bits: the result is -inf. Refused with a
+    ValueError: empty p_star, y_test or y_train, and y_train of one class
+    (the base line would give the other class probability 0).
     """
     p = np.asarray(p_star, dtype=float)
     yt = np.asarray(y_test, dtype=float)
     ytr = np.asarray(y_train, dtype=float)
     if p.shape != yt.shape:
-        raise ValueError(f"p_star and y_test must have the same shape, got {p.shape} and {yt.shape}")
+        raise ValueError(f"information_bits: p_star and y_test must have the same shape, got {p.shape} "
+                         f"and {yt.shape}")
+    if p.size == 0:
+        raise ValueError("information_bits: p_star and y_test must not be empty")
     for name, v in (("y_test", yt), ("y_train", ytr)):
         if not np.all((v == 1) | (v == -1)):
-            raise ValueError(f"{name} must contain only -1 and +1")
+            raise ValueError(f"information_bits: {name} must contain only -1 and +1")
+    if not (np.any(ytr > 0) and np.any(ytr < 0)):
+        raise ValueError(f"information_bits: y_train must hold both classes, -1 and +1, got "
+                         f"{ytr.size} label(s) of {np.unique(ytr).tolist()}: the base line (3.76) "
+                         "predicts the training frequencies and would give the other class probability 0")
     if np.any((p < 0) | (p > 1)) or not np.all(np.isfinite(p)):
-        raise ValueError("p_star must be probabilities in [0, 1]")
+        raise ValueError("information_bits: p_star must be probabilities in [0, 1]")
     with np.errstate(divide="ignore"):
         ll = np.where(yt > 0, np.log2(p), np.log2(1.0 - p))
     q1 = np.mean(ytr > 0)
     f1 = np.mean(yt > 0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        base = -(f1 * np.log2(q1) if f1 > 0 else 0.0) - ((1 - f1) * np.log2(1 - q1) if f1 < 1 else 0.0)
+    base = -f1 * np.log2(q1) - (1 - f1) * np.log2(1 - q1)
     return float(np.mean(ll) + base)
 
 
@@ -4252,25 +4482,33 @@ def information_bits_multiclass(P, y_test, y_train):
     0..C-1. Mean log2 P[i, y_test[i]] plus the bits of the base line that
     predicts the training class frequencies (3.76). log2 C is perfect,
     confident classification for balanced classes; 0 is no better than the
-    base line.
+    base line. A test case given probability 0 for its class gives -inf.
+    Refused with a ValueError: empty input, and a class of y_test that
+    y_train lacks (the base line would give it probability 0).
     """
     P = np.asarray(P, dtype=float)
     yt = np.asarray(y_test)
     ytr = np.asarray(y_train)
     if P.ndim != 2 or P.shape[0] != yt.shape[0]:
-        raise ValueError(f"P must have shape (len(y_test), C), got {P.shape}")
+        raise ValueError(f"information_bits_multiclass: P must have shape (len(y_test), C), got {P.shape}")
+    if yt.size == 0 or ytr.size == 0:
+        raise ValueError("information_bits_multiclass: P, y_test and y_train must not be empty")
     C = P.shape[1]
     for name, v in (("y_test", yt), ("y_train", ytr)):
         if v.ndim != 1 or not np.issubdtype(v.dtype, np.integer) or v.min() < 0 or v.max() >= C:
-            raise ValueError(f"{name} must be class indices 0..{C - 1}")
+            raise ValueError(f"information_bits_multiclass: {name} must be class indices 0..{C - 1}")
     if np.any((P < 0) | (P > 1)) or not np.all(np.isfinite(P)):
-        raise ValueError("P must be probabilities in [0, 1]")
+        raise ValueError("information_bits_multiclass: P must be probabilities in [0, 1]")
+    q = np.bincount(ytr, minlength=C) / ytr.shape[0]
+    f = np.bincount(yt, minlength=C) / yt.shape[0]
+    missing = np.flatnonzero((f > 0) & (q == 0))
+    if missing.size:
+        raise ValueError(f"information_bits_multiclass: y_test holds class(es) {missing.tolist()} that "
+                         "y_train lacks: the base line (3.76) predicts the training frequencies and "
+                         "would give them probability 0")
     with np.errstate(divide="ignore"):
         ll = np.log2(P[np.arange(yt.shape[0]), yt])
-        q = np.bincount(ytr, minlength=C) / ytr.shape[0]
-        f = np.bincount(yt, minlength=C) / yt.shape[0]
         base = -np.sum(np.where(f > 0, f * np.log2(np.where(q > 0, q, 1.0)), 0.0))
-        base = np.inf if np.any((f > 0) & (q == 0)) else base
     return float(np.mean(ll) + base)
 
 
@@ -4290,11 +4528,11 @@ def error_reject_curve(p_star, y_test, y_train=None):
     p = np.asarray(p_star, dtype=float)
     yt = np.asarray(y_test, dtype=float)
     if p.ndim != 1 or p.shape != yt.shape or p.size == 0:
-        raise ValueError(f"p_star and y_test must be non-empty 1-D arrays of one shape, got {p.shape} and {yt.shape}")
+        raise ValueError(f"error_reject_curve: p_star and y_test must be non-empty 1-D arrays of one shape, got {p.shape} and {yt.shape}")
     if not np.all((yt == 1) | (yt == -1)):
-        raise ValueError("y_test must contain only -1 and +1")
+        raise ValueError("error_reject_curve: y_test must contain only -1 and +1")
     if not np.all(np.isfinite(p)) or np.any((p < 0) | (p > 1)):
-        raise ValueError("p_star must be probabilities in [0, 1]")
+        raise ValueError("error_reject_curve: p_star must be probabilities in [0, 1]")
     conf = np.maximum(p, 1.0 - p)
     order = np.argsort(-conf, kind="stable")                  # most confident first
     wrong = (np.where(p > 0.5, 1.0, -1.0) != yt)[order]
@@ -4335,8 +4573,9 @@ def cross_validate(X, y, method="laplace", likelihood="probit", n_folds=10, seed
     log evidence of `method` ('laplace' or 'ep') from log_hyp0 (default:
     l = sqrt(d), sf = e, a length-scale of the order of the distance between
     standardised inputs). executor: None (folds in turn) or a
-    concurrent.futures-style Executor (ProcessPoolExecutor, or a dask
-    Client.get_executor()): one task per fold, results collected in fold
+    concurrent.futures-style Executor
+    (ProcessPoolExecutor(mp_context=multiprocessing.get_context("spawn")),
+    or a dask Client.get_executor()): one task per fold, results collected in fold
     order, identical to the serial run.
 
     Returns a dict of (n_folds,) arrays: 'error' (the test error rate E,
@@ -4345,17 +4584,21 @@ def cross_validate(X, y, method="laplace", likelihood="probit", n_folds=10, seed
     Laplace's mode, EP's mu), 'log_evidence', and 'log_hyp' (n_folds, 2);
     'folds' lists the test indices of each fold.
     """
-    _check_choice(method, "method", ("laplace", "ep"))
-    _check_choice(likelihood, "likelihood", ("logistic", "probit"))
+    _check_choice(method, "method", ("laplace", "ep"), "cross_validate")
+    _check_choice(likelihood, "likelihood", ("logistic", "probit"), "cross_validate")
     if method == "ep" and likelihood != "probit":
-        raise ValueError(f"method 'ep' needs likelihood 'probit', got likelihood={likelihood!r}")
-    X = _as_2d_float(X, "X")
-    y_pm, _ = binary_labels(y, "y")
+        raise ValueError(f"cross_validate: method 'ep' needs likelihood 'probit', got likelihood={likelihood!r}")
+    ctx = _Context("cross_validate")
+    seed = _SCALARS["seed"](seed, "seed", ctx)
+    max_iter = _SCALARS["count"](max_iter, "max_iter", ctx)
+    _check_executor(executor, "cross_validate")
+    X = _as_2d_float(X, "X", "cross_validate")
+    y_pm, _ = binary_labels(y, "y", "cross_validate")
     n = X.shape[0]
     if y_pm.shape[0] != n:
-        raise ValueError(f"X and y must have the same number of samples, got {n} and {y_pm.shape[0]}")
+        raise ValueError(f"cross_validate: X and y must have the same number of samples, got {n} and {y_pm.shape[0]}")
     if not isinstance(n_folds, (int, np.integer)) or not 2 <= n_folds <= n:
-        raise ValueError(f"n_folds must be an integer from 2 to the number of samples ({n}), got {n_folds!r}")
+        raise ValueError(f"cross_validate: n_folds must be an integer from 2 to the number of samples ({n}), got {n_folds!r}")
     h0 = (np.array([0.5 * np.log(X.shape[1]), 1.0]) if log_hyp0 is None
           else _check_log_hyp(log_hyp0, "se", X.shape[1], "log_hyp0"))
     folds = np.array_split(np.random.default_rng(seed).permutation(n), n_folds)
@@ -4399,46 +4642,49 @@ def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", met
 
     executor: a concurrent.futures-style executor (anything with
     submit(fn, *args) returning a future with .result()), e.g.
-    concurrent.futures.ProcessPoolExecutor() or, on a cluster,
+    ProcessPoolExecutor(mp_context=multiprocessing.get_context("spawn"))
+    (spawn: a forked worker inherits numba's OpenMP threads, which GNU
+    OpenMP does not survive once ais has run) or, on a cluster,
     dask.distributed's Client(...).get_executor(). Each row of the grid is
     one task (the warm starts run along a row, from its first column, in
     the serial run too), so the result is identical to executor=None.
     Workers run numba with one thread each. See the README, "Running grids
     on a cluster".
     """
-    _check_choice(kernel, "kernel", ("se",))
-    _check_choice(likelihood, "likelihood", _LIKELIHOODS)
-    _check_choice(method, "method", _METHODS)
+    _check_choice(kernel, "kernel", ("se",), "evidence_grid")
+    _check_choice(likelihood, "likelihood", _LIKELIHOODS, "evidence_grid")
+    _check_choice(method, "method", _METHODS, "evidence_grid")
     if method == "ep" and likelihood != "probit":
-        raise ValueError(f"method 'ep' needs likelihood 'probit', got likelihood={likelihood!r}")
-    X = _as_2d_float(X, "X")
-    idx, classes = class_labels(y, "y")
+        raise ValueError(f"evidence_grid: method 'ep' needs likelihood 'probit', got likelihood={likelihood!r}")
+    _check_executor(executor, "evidence_grid")
+    X = _as_2d_float(X, "X", "evidence_grid")
+    idx, classes = class_labels(y, "y", "evidence_grid")
     C = classes.shape[0]
     multi = C > 2
     if multi and (method != "laplace" or likelihood != "logistic"):
-        raise ValueError(f"y has {C} classes: the multi-class grid is for method='laplace', "
+        raise ValueError(f"evidence_grid: y has {C} classes: the multi-class grid is for method='laplace', "
                          "likelihood='logistic' (softmax)")
     y_pm = one_hot(idx, C) if multi else np.where(idx == 1, 1.0, -1.0)
     if idx.shape[0] != X.shape[0]:
-        raise ValueError(f"X and y must have the same number of samples, got {X.shape[0]} and {y_pm.shape[0]}")
+        raise ValueError(f"evidence_grid: X and y must have the same number of samples, got {X.shape[0]} and {y_pm.shape[0]}")
     log_ell = np.atleast_1d(np.asarray(log_ell, dtype=float))
     log_sf = np.atleast_1d(np.asarray(log_sf, dtype=float))
     for name, v in (("log_ell", log_ell), ("log_sf", log_sf)):
         if v.ndim != 1 or v.size == 0 or not np.all(np.isfinite(v)):
-            raise ValueError(f"{name} must be a non-empty 1-D array of finite values")
+            raise ValueError(f"evidence_grid: {name} must be a non-empty 1-D array of finite values")
     with_test = X_test is not None or y_test is not None
     if with_test:
         if X_test is None or y_test is None:
-            raise ValueError("X_test and y_test must be given together")
-        X_test = _as_2d_float(X_test, "X_test")
+            raise ValueError("evidence_grid: X_test and y_test must be given together")
+        X_test = _as_2d_float(X_test, "X_test", "evidence_grid")
         if X_test.shape[1] != X.shape[1]:
-            raise ValueError(f"X_test must have {X.shape[1]} features, got {X_test.shape[1]}")
+            raise ValueError(f"evidence_grid: X_test must have {X.shape[1]} features, got {X_test.shape[1]}")
         y_test = np.asarray(y_test)
         if y_test.shape != (X_test.shape[0],):
-            raise ValueError(f"y_test must have one label per row of X_test, got shape {y_test.shape}")
+            raise ValueError(f"evidence_grid: y_test must have one label per row of X_test, got shape {y_test.shape}")
         unknown = ~np.isin(y_test, classes)
         if unknown.any():
-            raise ValueError(f"y_test has a label not seen in y: {y_test[unknown][0]!r}")
+            raise ValueError(f"evidence_grid: y_test has a label not seen in y: {y_test[unknown][0]!r}")
         yt_idx = np.searchsorted(classes, y_test)
         yt_pm = np.where(yt_idx == 1, 1.0, -1.0)
     shape = (log_sf.size, log_ell.size)
@@ -4483,11 +4729,61 @@ def _run_tasks(fn, tasks, executor, progress, desc):
     """
     if executor is None:
         return [_one_blas_thread(fn, t) for t in _progress(tasks, len(tasks), progress, desc)]
-    if not callable(getattr(executor, "submit", None)):
-        raise ValueError(f"executor must have a submit(fn, *args) method (a concurrent.futures.Executor), "
-                         f"got {type(executor).__name__}")
     futures = [executor.submit(_single_threaded, fn, t) for t in tasks]
     return [f.result() for f in _progress(futures, len(futures), progress, desc)]
+
+
+_SPAWN_POOL = 'ProcessPoolExecutor(mp_context=multiprocessing.get_context("spawn"))'
+
+
+def _check_executor(executor, where, parallel=False):
+    """A concurrent.futures-style executor, or an error that says what to pass.
+
+    parallel: the tasks call numba's parallel code (ais). A worker forked from a
+    process whose OpenMP threads have started (numba's 'omp' layer, GNU OpenMP on
+    Linux, after any ais call) dies when it runs parallel code ("fork() called from a
+    process already using GNU OpenMP") and the pool breaks or hangs: refused, with
+    the two ways out. numba's 'tbb' layer is fork-safe (measured: the forked pool gives the
+    serial answer).
+    """
+    if executor is None:
+        return None
+    if isinstance(executor, type):
+        raise ValueError(f"{where}: executor must be an executor object, e.g. {_SPAWN_POOL}, "
+                         f"got the class {executor.__name__} itself (call it)")
+    if not callable(getattr(executor, "submit", None)):
+        raise ValueError(f"{where}: executor must have a submit(fn, *args) method (a "
+                         f"concurrent.futures.Executor such as {_SPAWN_POOL}, or dask's "
+                         f"Client(...).get_executor()), got {type(executor).__name__}")
+    if parallel and _forks(executor) and _openmp_started():
+        raise RuntimeError(
+            f"{where}: executor starts its workers by fork, and this process has started numba's "
+            "OpenMP threads (an ais call): GNU OpenMP kills a forked worker that runs ais, and the "
+            f"pool breaks. Use a spawn context, {_SPAWN_POOL}, or numba's fork-safe TBB threading "
+            "layer (pip install tbb, libtbb.so.12 on the library path, NUMBA_THREADING_LAYER=tbb)")
+    return executor
+
+
+def _forks(executor):
+    """True if executor is a ProcessPoolExecutor whose workers start by fork."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = getattr(executor, "_mp_context", None)
+    return (isinstance(executor, ProcessPoolExecutor) and ctx is not None
+            and ctx.get_start_method() == "fork")
+
+
+def _openmp_started():
+    """True if numba's threads run on OpenMP in this process (GNU OpenMP on Linux: not fork-safe)."""
+    import sys
+
+    import numba
+
+    try:
+        layer = numba.threading_layer()           # ValueError until the threads have started
+    except ValueError:
+        return False
+    return layer == "omp" and sys.platform.startswith("linux")
 
 
 def _one_blas_thread(fn, args):
@@ -4600,13 +4896,13 @@ def mcmc_posterior(X, y, log_hyp, X_test=None, kernel="se", likelihood="probit",
     'elliptical' the dict holds 'evaluations' (likelihood evaluations per
     transition) instead of 'acceptance', and step and n_leapfrog are unused.
     """
-    X = _as_2d_float(X, "X")
-    y_pm, classes = binary_labels(y, "y")
+    X = _as_2d_float(X, "X", "mcmc_posterior")
+    y_pm, classes = binary_labels(y, "y", "mcmc_posterior")
     if y_pm.shape[0] != X.shape[0]:
-        raise ValueError(f"X and y must have the same number of samples, got {X.shape[0]} and {y_pm.shape[0]}")
-    _check_choice(likelihood, "likelihood", _LIKELIHOODS)
+        raise ValueError(f"mcmc_posterior: X and y must have the same number of samples, got {X.shape[0]} and {y_pm.shape[0]}")
+    _check_choice(likelihood, "likelihood", _LIKELIHOODS, "mcmc_posterior")
     h = _check_log_hyp(log_hyp, kernel, X.shape[1])
-    _check_choice(sampler, "sampler", ("hmc", "elliptical"))
+    _check_choice(sampler, "sampler", ("hmc", "elliptical"), "mcmc_posterior")
     if sampler == "elliptical" and (step is not None or n_leapfrog is not None):
         raise ValueError("mcmc_posterior: step and n_leapfrog are for sampler 'hmc'; elliptical slice "
                          "sampling has no step size")
@@ -4620,7 +4916,7 @@ def mcmc_posterior(X, y, log_hyp, X_test=None, kernel="se", likelihood="probit",
         out = {"F": F, "acceptance": acc, "classes": classes, "ess": ess}
     K = K + 1e-8 * np.max(np.diag(K)) * np.eye(X.shape[0])  # the jitter the samplers used
     if X_test is not None:
-        X_test = _as_2d_float(X_test, "X_test")
+        X_test = _as_2d_float(X_test, "X_test", "mcmc_posterior")
         p, _ = mcmc_predict(F, K, likelihood, kernel_matrix(kernel, X, X_test, h),
                             kernel_diag(kernel, X_test, h))
         out["p_test"] = p
@@ -4668,7 +4964,7 @@ def hmc_step_size(K, likelihood):
     0.97-1.00 with times up to 52.
     """
     K = np.asarray(K, dtype=float)
-    _check_choice(likelihood, "likelihood", ("logistic", "probit"))
+    _check_choice(likelihood, "likelihood", ("logistic", "probit"), "hmc_step_size")
     step, n_leapfrog = _auto_step(float(np.linalg.eigvalsh(K)[-1]), likelihood, 1.0)
     return float(step), int(n_leapfrog)
 
@@ -4687,20 +4983,27 @@ def ais_grid(X, y, log_ell, log_sf, likelihood="probit", T=8000, R=3, step="auto
     evidence_grid's; one warning lists the points whose acceptance is
     outside 0.3-0.995.
 
-    executor: a concurrent.futures-style executor, as in evidence_grid
-    (ProcessPoolExecutor, or dask.distributed's Client(...).get_executor()
-    on a cluster). Each grid point is one task, run with one numba thread
+    executor: a concurrent.futures-style executor, as in evidence_grid:
+    ProcessPoolExecutor(mp_context=multiprocessing.get_context("spawn")), or
+    dask.distributed's Client(...).get_executor() on a cluster. A fork pool
+    is refused once this process has started numba's OpenMP threads (any
+    ais call): GNU OpenMP kills a forked worker that runs ais. Each grid point is one task, run with one numba thread
     (ais's runs then go one after the other in each worker instead of in
     threads); the result is identical to executor=None. Grid point (i, j)
     is seeded with seed + 1000 (i len(log_ell) + j).
     """
-    X = _as_2d_float(X, "X")
-    y_pm, _ = binary_labels(y, "y")
+    _check_executor(executor, "ais_grid", parallel=True)
+    X = _as_2d_float(X, "X", "ais_grid")
+    y_pm, _ = binary_labels(y, "y", "ais_grid")
     if y_pm.shape[0] != X.shape[0]:
-        raise ValueError(f"X and y must have the same number of samples, got {X.shape[0]} and {y_pm.shape[0]}")
+        raise ValueError(f"ais_grid: X and y must have the same number of samples, got {X.shape[0]} and {y_pm.shape[0]}")
     if not (isinstance(step, str) and step == "auto"):
         step = _SCALARS["positive"](step, "step", _Context("ais_grid"))
     shape = (log_sf.size, log_ell.size)
+    last = seed + 1000 * (shape[0] * shape[1] - 1)
+    if last >= 2 ** 31:
+        raise ValueError(f"ais_grid: seed must leave room for the seeds of the grid points, seed + 1000 k "
+                         f"for k < {shape[0] * shape[1]}: at most {2 ** 31 - 1 - (last - seed)}, got {seed}")
     out = {"log_Z": np.empty(shape), "se": np.empty(shape), "acceptance": np.empty(shape),
            "ess": np.empty(shape)}
     tasks = [(X, y_pm, likelihood, T, R, step, n_leapfrog, log_ell[j], log_sf[i],
@@ -4745,12 +5048,12 @@ def hmc_hyperparameters(X, y, kernel="ard", likelihood="logistic", log_hyp0=None
     Returns a dict with 'samples' (n_iter, p) (every iteration; discard the
     first third as burn-in, as W&B do), 'log_q' and 'acceptance'.
     """
-    X = _as_2d_float(X, "X")
-    y_pm, classes = binary_labels(y, "y")
+    X = _as_2d_float(X, "X", "hmc_hyperparameters")
+    y_pm, classes = binary_labels(y, "y", "hmc_hyperparameters")
     if y_pm.shape[0] != X.shape[0]:
-        raise ValueError(f"X and y must have the same number of samples, got {X.shape[0]} and {y_pm.shape[0]}")
-    _check_choice(kernel, "kernel", _KERNELS)
-    _check_choice(likelihood, "likelihood", _LIKELIHOODS)
+        raise ValueError(f"hmc_hyperparameters: X and y must have the same number of samples, got {X.shape[0]} and {y_pm.shape[0]}")
+    _check_choice(kernel, "kernel", _KERNELS, "hmc_hyperparameters")
+    _check_choice(likelihood, "likelihood", _LIKELIHOODS, "hmc_hyperparameters")
     d = X.shape[1]
     if log_hyp0 is None:
         log_hyp0 = (np.concatenate([[0.0, prior[0]], np.full(d, -2.0)]) if kernel == "ard"
@@ -4797,9 +5100,9 @@ def predict_averaged(X, y, X_test, samples, kernel="ard", likelihood="logistic")
     Each sample gives Laplace's averaged prediction (Algorithm 3.2); the
     result is their mean, shape (m,).
     """
-    X = _as_2d_float(X, "X")
-    X_test = _as_2d_float(X_test, "X_test")
-    y_pm, _ = binary_labels(y, "y")
+    X = _as_2d_float(X, "X", "predict_averaged")
+    X_test = _as_2d_float(X_test, "X_test", "predict_averaged")
+    y_pm, _ = binary_labels(y, "y", "predict_averaged")
     samples = np.atleast_2d(np.asarray(samples, dtype=float))
     p = np.zeros(X_test.shape[0])
     for h in samples:
@@ -4816,15 +5119,13 @@ def predict_averaged(X, y, X_test, samples, kernel="ard", likelihood="logistic")
 
 
 def _digit_list(digits):
-    """digits as a list of ints 0-9: ints or digit strings, e.g. (3, 5) or ('3', '5')."""
+    """digits as a list of ints 0-9, e.g. (3, 5)."""
     if isinstance(digits, (str, bytes, int, np.integer)):
         digits = [digits]
     out = []
     for v in digits:
-        if isinstance(v, str) and v.strip().isdigit():
-            v = int(v.strip())
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or not 0 <= v <= 9:
-            raise ValueError(f"load_usps: digits must be digits 0-9 (ints or strings), e.g. (3, 5), "
+            raise ValueError(f"load_usps: digits must be digits 0-9 given as ints, e.g. (3, 5), "
                              f"got {digits!r}")
         out.append(int(v))
     if not out:
@@ -4832,17 +5133,53 @@ def _digit_list(digits):
     return out
 
 
+# the largest data file a loader reads: GPML's usps_resampled.mat is 20 MB, ionosphere.data 75 kB
+_MAX_FILE_BYTES = {"load_usps": 500 * 2 ** 20, "load_ionosphere": 50 * 2 ** 20}
+
+
+def _data_file(path, where, what):
+    """path, checked: a str or os.PathLike naming a regular file of a size the loader can read.
+
+    A directory, FIFO (which would block) or device (/dev/zero would be read for ever) is
+    refused before it is opened."""
+    import stat
+
+    if isinstance(path, bool) or not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"{where}: path must be a str or os.PathLike naming your copy of {what}, "
+                        f"got {type(path).__name__}")
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ValueError(f"{where}: path {path!r} does not exist: path must be a readable {what} file") from None
+    except OSError as e:
+        raise ValueError(f"{where}: path {path!r} cannot be read: path must be a readable {what} "
+                         f"file ({e})") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+                else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a file")
+        raise ValueError(f"{where}: path {path!r} is {kind}, not a regular file: path must be a "
+                         f"readable {what} file")
+    limit = _MAX_FILE_BYTES[where]
+    if st.st_size > limit:
+        raise ValueError(f"{where}: path {path!r} holds {st.st_size / 2 ** 20:.0f} MB, more than "
+                         f"{limit / 2 ** 20:.0f} MB: not {what}")
+    return path
+
+
 def load_usps(path, digits=None):
     """GPML's USPS set (usps_resampled.mat: 4649 + 4649 16x16 images, values in [-1, 1]).
 
     The file is not shipped with gpclab; give the path to your copy. Returns
     X_train (n, 256), y_train (n,) digit labels 0-9, X_test, y_test. With
-    digits, e.g. (3, 5) or ('3', '5'), only those classes are kept (GPML
-    section 3.7.3). A file that is not this MATLAB file raises ValueError.
+    digits, ints such as (3, 5), only those classes are kept (GPML section
+    3.7.3). A path that is not a regular file of at most 500 MB, or a file
+    that is not this MATLAB file, raises ValueError (TypeError if path is
+    not a str or os.PathLike).
     """
     from scipy.io import loadmat
 
     keep = None if digits is None else _digit_list(digits)
+    _data_file(path, "load_usps", "usps_resampled.mat")
     try:
         data = loadmat(path)
     except FileNotFoundError:
@@ -4878,18 +5215,27 @@ def load_usps(path, digits=None):
     return tuple(out)
 
 
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")   # no 1_0, no nan, no inf
+
+
 def load_ionosphere(path):
     """UCI Ionosphere (351 radar returns, 34 inputs, label 'g'ood or 'b'ad), as K&G Table 4 use it.
 
     The file is not shipped with gpclab; give the path to your copy of
     ionosphere.data (comma-separated, 34 numbers and a label per line; blank
     lines, spaces around fields, Windows line ends and a header line are
-    accepted). Returns X (n, 34) and y, the labels as strings. A file in any
-    other format raises ValueError naming the line.
+    accepted). A header is a first line without a single number in it; any
+    other line is data, and a line that is not 34 numbers and a label raises
+    ValueError naming the line (a typo in the first row is an error, not a
+    header). Numbers are decimal (1.5, -2e-3; not 1_0, nan or inf). Returns X
+    (n, 34) and y, the labels as strings. A path that is not a regular file of
+    at most 50 MB raises ValueError (TypeError if path is not a str or
+    os.PathLike).
     """
+    _data_file(path, "load_ionosphere", "ionosphere.data")
     try:
         with open(path, "rb") as fh:
-            raw = fh.read()
+            raw = fh.read(_MAX_FILE_BYTES["load_ionosphere"] + 1)
     except OSError as e:
         raise ValueError(f"load_ionosphere: path must be a readable ionosphere.data file: {e}") from None
     if raw.startswith(b"MATLAB") or b"\x00" in raw[:4096]:
@@ -4905,21 +5251,20 @@ def load_ionosphere(path):
         if not line.strip():
             continue
         parts = [v.strip() for v in line.strip().rstrip(",").split(",")]
-        try:
-            values = [float(v) for v in parts[:-1]]
-        except ValueError:
-            if first:
-                first = False
-                continue                                   # a header line
-            raise ValueError(f"load_ionosphere: {path!r}, line {k + 1}: expected 34 numbers and a "
-                             f"label g or b, got {line.strip()[:60]!r}") from None
+        numeric = [_NUMBER.fullmatch(v) is not None for v in parts[:-1]]
+        if first and not any(numeric) and not _NUMBER.fullmatch(parts[-1]):
+            first = False
+            continue                                   # a header line: not one number in it
         first = False
-        if len(values) != 34 or parts[-1] not in ("g", "b"):
-            raise ValueError(f"load_ionosphere: {path!r}, line {k + 1}: expected 34 numbers and a "
-                             f"label g or b, got {len(values)} numbers and {parts[-1]!r}")
-        if not all(math.isfinite(v) for v in values):
-            raise ValueError(f"load_ionosphere: {path!r}, line {k + 1}: values must be finite")
-        rows.append(values)
+        where = f"load_ionosphere: {path!r}, line {k + 1}"
+        bad = [v for v, ok in zip(parts[:-1], numeric) if not ok]
+        if bad and all(v.lower().lstrip("+-") in ("nan", "inf", "infinity") for v in bad):
+            raise ValueError(f"{where}: values must be finite, got {bad[0]!r}")
+        if bad or len(parts) - 1 != 34 or parts[-1] not in ("g", "b"):
+            got = (f"{bad[0]!r}, which is not a number" if bad else
+                   f"{len(parts) - 1} numbers and {parts[-1]!r}")
+            raise ValueError(f"{where}: expected 34 numbers and a label g or b, got {got}")
+        rows.append([float(v) for v in parts[:-1]])
         labels.append(parts[-1])
     if not rows:
         raise ValueError(f"load_ionosphere: path {path!r} holds no data lines")

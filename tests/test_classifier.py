@@ -115,14 +115,14 @@ def test_three_gaussians_generator():
 # --- bad input: a clear ValueError naming the argument ---------------------------
 
 @pytest.mark.parametrize("X,y,match", [
-    (np.zeros((4, 2)), np.array([1, 1, 1, 1]), "at least two classes"),
-    (np.array([[0.0, np.nan], [1, 1], [2, 2]]), np.array([0, 1, 0]), "X must be finite"),
-    (np.array([[0.0, np.inf], [1, 1], [2, 2]]), np.array([0, 1, 0]), "X must be finite"),
-    (np.zeros((3, 2)), np.array([0.0, np.nan, 1.0]), "y must be finite"),
-    (np.zeros((3, 2)), np.array([0, 1]), "same number of samples"),
-    (np.zeros((0, 2)), np.array([]), "X must not be empty"),
-    (np.zeros(3), np.array([0, 1, 0]), "X must be 2-D"),
-    (np.zeros((3, 2)), np.array([[0, 1, 0]]), "y must be 1-D"),
+    (np.zeros((4, 2)), np.array([1, 1, 1, 1]), "GPClassifier.fit: y has 1 class.*at least two classes"),
+    (np.array([[0.0, np.nan], [1, 1], [2, 2]]), np.array([0, 1, 0]), "Input X contains NaN"),
+    (np.array([[0.0, np.inf], [1, 1], [2, 2]]), np.array([0, 1, 0]), "Input X contains infinity"),
+    (np.zeros((3, 2)), np.array([0.0, np.nan, 1.0]), "Input y contains NaN"),
+    (np.zeros((3, 2)), np.array([0, 1]), "inconsistent numbers of samples"),
+    (np.zeros((0, 2)), np.array([]), r"0 sample\(s\)"),
+    (np.zeros(3), np.array([0, 1, 0]), "Expected 2D array"),
+    (np.zeros((3, 2)), np.array([[0, 1, 0]]), "y should be a 1d array"),
 ])
 def test_fit_rejects_bad_data(X, y, match):
     with pytest.raises(ValueError, match=match):
@@ -148,7 +148,7 @@ def test_predict_rejects_bad_input():
     with pytest.raises(ValueError, match="not fitted"):
         gpclab.GPClassifier().predict_proba(X)
     m = gpclab.GPClassifier(optimize=False).fit(X, y)
-    with pytest.raises(ValueError, match="X must have 2 features"):
+    with pytest.raises(ValueError, match="X has 3 features, but GPClassifier is expecting 2"):
         m.predict_proba(np.zeros((3, 3)))
     with pytest.raises(ValueError, match="rule must be one of"):
         m.predict_proba(X, rule="median")

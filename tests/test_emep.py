@@ -434,7 +434,7 @@ def test_classifier_multiclass_ep_rejects_bad_parameters():
     with pytest.raises(ValueError, match="shared_hyp must be True"):
         gpclab.GPClassifier(method="emep", shared_hyp=False).fit(X, idx)
     with pytest.raises(ValueError, match="multi-class EP is Kim & Ghahramani's model"):
-        gpclab.GPClassifier(method="ep").fit(X, idx)
+        gpclab.GPClassifier(method="ep", likelihood="probit").fit(X, idx)
 
 
 def test_load_ionosphere_reads_the_uci_format(tmp_path):

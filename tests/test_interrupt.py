@@ -5,6 +5,11 @@ One Python subprocess runs the calls one after another (each first once briefly,
 it and shows that it works); the test sends SIGINT while the long version runs. A real Jupyter
 kernel does the same for the two calls that used to kill it. The long calls would run for
 minutes or forever if the interrupt were not seen.
+
+The driver sets SIGINT's handler itself: a shell ignores SIGINT for its background jobs
+(`python -m pytest &` in a script) and the child would inherit the ignored signal. The fixture
+starts it with SIGINT ignored, so that every run shows this, and kills it in teardown whatever
+happened.
 """
 import os
 import queue
@@ -100,7 +105,10 @@ CALLS = {
 }
 """
 
-DRIVER = SETUP + r"""
+DRIVER = r"""
+import signal
+signal.signal(signal.SIGINT, signal.default_int_handler)   # whatever the parent left us
+""" + SETUP + r"""
 print("READY", flush=True)
 for line in sys.stdin:
     name = line.strip()
@@ -143,31 +151,72 @@ class _Lines:
         return line
 
 
-@pytest.fixture(scope="module")
-def driver():
+def _ignore_sigint():
+    """In the child before exec: SIGINT ignored, as a shell leaves it for a background job."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _start_driver():
     proc = subprocess.Popen([sys.executable, "-c", DRIVER], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, bufsize=1)
-    lines = _Lines(proc.stdout)
-    assert lines.get(timeout=900) == "READY"
-    yield proc, lines
-    proc.stdin.close()
-    proc.wait(timeout=60)
+                            stdout=subprocess.PIPE, text=True, bufsize=1,
+                            preexec_fn=_ignore_sigint if sys.platform != "win32" else None)
+    try:
+        lines = _Lines(proc.stdout)
+        assert lines.get(timeout=900) == "READY"
+    except BaseException:
+        _stop(proc)
+        raise
+    return proc, lines
+
+
+def _stop(proc):
+    """End the driver: let it leave its loop, kill it if it does not (still in a long call)."""
+    try:
+        proc.stdin.close()
+        proc.wait(timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def drivers():
+    """The module's driver process, started again after a test that left it in an unknown state."""
+    live = []
+    try:
+        yield live
+    finally:
+        for proc, _ in live:
+            _stop(proc)
+
+
+@pytest.fixture
+def driver(drivers):
+    if not drivers or drivers[-1][0].poll() is not None:
+        drivers.append(_start_driver())
+    return drivers[-1]
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process is POSIX")
 @pytest.mark.parametrize("name", NAMES)
 def test_interrupt_ends_the_call_and_the_process_lives(driver, name):
     proc, lines = driver
-    proc.stdin.write(name + "\n")
-    proc.stdin.flush()
-    assert lines.get(timeout=900) == "START"          # compiled, and the short call worked
-    time.sleep(0.5)                                     # well inside the long call
-    sent = time.perf_counter()
-    proc.send_signal(signal.SIGINT)
-    assert lines.get(timeout=60) == "INTERRUPTED"
-    latency = time.perf_counter() - sent
-    assert lines.get(timeout=600) == "NEXT ok"
-    assert proc.poll() is None
+    try:
+        proc.stdin.write(name + "\n")
+        proc.stdin.flush()
+        assert lines.get(timeout=900) == "START"          # compiled, and the short call worked
+        time.sleep(0.5)                                     # well inside the long call
+        sent = time.perf_counter()
+        proc.send_signal(signal.SIGINT)
+        assert lines.get(timeout=60) == "INTERRUPTED"
+        latency = time.perf_counter() - sent
+        assert lines.get(timeout=600) == "NEXT ok"
+        assert proc.poll() is None
+    except BaseException:
+        _stop(proc)               # maybe still in the long call: the next test starts a new driver
+        raise
     print(f"{name}: interrupted after {latency:.3f} s")
 
 
