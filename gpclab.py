@@ -5323,6 +5323,225 @@ def three_gaussians_probability(x):
     return (dens[0] + dens[2]) / (dens[0] + dens[1] + dens[2])
 
 
+# --- Plotting helpers the lectures share -------------------------------------------
+# The set-up every lecture makes, and the panels that recur in several lectures: an evidence grid
+# drawn at levels below its maximum, a band panel of differences, latent means with +/- 2 sd bands,
+# MAP against averaged predictions, and a figure redrawn in place by sliders. One spelling per axis
+# label (LABELS). matplotlib and ipywidgets are imported only when a helper is called.
+
+LABELS = {
+    "log_ell": "log length-scale, log(l)",
+    "log_sf": "log magnitude, log(sf)",
+    "x": "input x",
+    "f": "latent function f(x)",
+    "p": "predictive probability p(y=+1|x)",
+}
+
+
+class LectureSetup:
+    """What a lecture's first cell needs: QUICK, the folder figures go to, and save(fig, name)."""
+
+    def __init__(self, quick=None):
+        self.QUICK = os.environ.get("GPCLAB_QUICK", "0") == "1" if quick is None else bool(quick)
+        self.SAVE = os.environ.get("GPCLAB_SAVE_FIGURES") or None
+        self.USPS = os.environ.get("GPCLAB_USPS") or None
+
+    def save(self, fig, name):
+        """Write fig as <GPCLAB_SAVE_FIGURES>/<name>.png if that variable names a folder; else nothing."""
+        if self.SAVE:
+            os.makedirs(self.SAVE, exist_ok=True)
+            fig.savefig(os.path.join(self.SAVE, name + ".png"), dpi=120, bbox_inches="tight")
+
+
+def lecture_setup(quick=None):
+    """The set-up shared by the lectures: returns (QUICK, save).
+
+    QUICK is True when the environment has GPCLAB_QUICK=1 (small grids and short chains, as the test
+    suite runs the lectures), unless quick=True/False is given. save(fig, name) writes name.png into
+    the folder GPCLAB_SAVE_FIGURES names, if any. Also sets matplotlib's legend and contour-label sizes
+    the lectures share.
+    """
+    import matplotlib as mpl
+
+    mpl.rcParams.update({"legend.fontsize": 8, "axes.titlesize": 11})
+    setup = LectureSetup(quick)
+    return setup.QUICK, setup.save
+
+
+def grid_axes(ax, xlabel=True, ylabel=True):
+    """Label a panel over (log l, log sf) with the lectures' one spelling of each axis."""
+    if xlabel:
+        ax.set_xlabel(LABELS["log_ell"])
+    if ylabel:
+        ax.set_ylabel(LABELS["log_sf"])
+
+
+def _dark_to_light(n, cmap="viridis"):
+    """n colours from a colour map's dark end to its middle: every one readable on white."""
+    import matplotlib.pyplot as plt
+
+    return plt.get_cmap(cmap)(np.linspace(0.0, 0.75, max(n, 1)))
+
+
+EVIDENCE_BELOW = (0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
+
+
+def evidence_panel(ax, log_ell, log_sf, Z, below=EVIDENCE_BELOW, title=None, colorbar=True, mark=True,
+                   top=None):
+    """Contours of a log evidence Z (len(log_sf), len(log_ell)) at `below` nats under its maximum.
+
+    The contour nearest the maximum is darkest and the farthest lightest (all visible on white); a
+    colour bar, not inline labels, names each level in nats below the maximum, so no label is
+    clipped or covered. mark: a black + at the grid's maximum. top: the value levels count down
+    from (default the maximum of Z; give a shared top to compare panels). Returns (i, j), the
+    indices of the grid's maximum.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+
+    Z = np.asarray(Z, dtype=float)
+    top = np.nanmax(Z) if top is None else float(top)
+    below = np.sort(np.asarray(below, dtype=float))[::-1]               # far levels first
+    levels = top - below
+    cmap = ListedColormap(_dark_to_light(len(levels))[::-1])             # nearest the top: darkest
+    edges = np.concatenate([levels - 1e-9, [top + 1e-9]])
+    cs = ax.contour(log_ell, log_sf, Z, levels=levels, cmap=cmap,
+                    norm=BoundaryNorm(edges, cmap.N), linewidths=1.3)
+    if colorbar:
+        cb = plt.colorbar(cs, ax=ax, spacing="uniform", ticks=levels)
+        cb.ax.set_yticklabels([f"-{b:g}" for b in below])
+        cb.set_label("nats below the maximum")
+    i, j = np.unravel_index(np.nanargmax(Z), Z.shape)
+    if mark:
+        ax.plot(log_ell[j], log_sf[i], "k+", ms=10, mew=2, clip_on=False, zorder=5)
+    if title:
+        ax.set_title(title)
+    grid_axes(ax)
+    return i, j
+
+
+_DIVERGING = ("RdBu_r", "RdBu", "PuOr", "PuOr_r", "coolwarm", "bwr")
+
+
+def band_panel(ax, log_ell, log_sf, D, levels, title=None, cmap="RdBu_r", label=None, tick_labels=None):
+    """Filled bands of a difference D over (log l, log sf), one colour per band however uneven the
+    levels, thin black lines between bands, and a colour bar with a tick at every level (or at
+    band centres with tick_labels). With a diverging colour map and levels on both sides of 0, the
+    bands below 0 take the map's lower half and those above its upper half, so white is 0 however
+    many bands lie on each side. Returns the colour bar."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+
+    levels = np.asarray(levels, dtype=float)
+    base = plt.get_cmap(cmap)
+    n_neg, n_pos = int(np.sum(levels[1:] <= 0)), int(np.sum(levels[:-1] >= 0))
+    if cmap in _DIVERGING and n_neg and n_pos and n_neg + n_pos == len(levels) - 1:
+        colours = np.vstack([base(np.linspace(0.05, 0.45, n_neg)), base(np.linspace(0.55, 0.95, n_pos))])
+        cmap = ListedColormap(colours).with_extremes(under=base(0.0), over=base(1.0))
+        norm = BoundaryNorm(levels, cmap.N)
+    else:
+        cmap = base
+        norm = BoundaryNorm(levels, base.N, extend="both")
+    cf = ax.contourf(log_ell, log_sf, D, levels=levels, cmap=cmap, norm=norm, extend="both")
+    ax.contour(log_ell, log_sf, D, levels=levels, colors="k", linewidths=0.4)
+    cb = plt.colorbar(cf, ax=ax, spacing="uniform")
+    if tick_labels is not None:
+        cb.set_ticks(0.5 * (levels[:-1] + levels[1:]))
+        cb.set_ticklabels(tick_labels)
+    else:
+        cb.set_ticks(levels)
+        cb.set_ticklabels([f"{v:g}" for v in levels])
+    cb.ax.tick_params(labelsize=7)
+    if label:
+        cb.set_label(label)
+    if title:
+        ax.set_title(title)
+    grid_axes(ax)
+    return cb
+
+
+def latent_panels(axes, xs, models, X=None, y=None, truth=None):
+    """GPML Figure 3.6's two panels for 1-D inputs: (a) predictive probabilities, (b) latent means
+    with +/- 2 sd bands (3.21, 3.24), for (model, name, colour) triples of fitted GPClassifiers.
+    X, y: the training data, drawn at p = 1 (+1) and 0 (-1); truth: a function of x drawn dotted.
+    The legends sit outside the axes, to the right, so that they cover no data."""
+    xs = np.asarray(xs, dtype=float).reshape(-1, 1)
+    ax_p, ax_f = axes
+    if X is not None:
+        X = np.asarray(X, dtype=float).reshape(len(y), -1)
+        ax_p.plot(X[y > 0, 0], np.ones(int((y > 0).sum())), "k+", label="class +1")
+        ax_p.plot(X[y < 0, 0], np.zeros(int((y < 0).sum())), "kx", label="class -1")
+    if truth is not None:
+        ax_p.plot(xs[:, 0], truth(xs[:, 0]), "k:", label="p(y=+1|x), generating")
+    for model, name, c in models:
+        ax_p.plot(xs[:, 0], model.predict_proba(xs)[:, 1], color=c, label=name)
+        m, V = model.predict_latent(xs)
+        sd = np.sqrt(V)
+        ax_f.plot(xs[:, 0], m, color=c, label=f"{name} mean")
+        ax_f.fill_between(xs[:, 0], m - 2 * sd, m + 2 * sd, color=c, alpha=0.15, label=f"{name} +/- 2 sd")
+    ax_f.axhline(0, color="k", lw=0.5)
+    ax_p.set(xlabel=LABELS["x"], ylabel=LABELS["p"], title="(a)", ylim=(-0.05, 1.05))
+    ax_f.set(xlabel=LABELS["x"], ylabel=LABELS["f"], title="(b)")
+    for ax in axes:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
+def map_averaged_panel(ax, p_map, p_avg, y_test, label="p(y*=+1|x*)"):
+    """GPML Figure 3.9(a): averaged (3.25) against MAP predictions, misclassified cases marked."""
+    p_map, p_avg = np.asarray(p_map, dtype=float), np.asarray(p_avg, dtype=float)
+    wrong = np.where(p_avg > 0.5, 1.0, -1.0) != np.asarray(y_test)
+    ax.plot(p_map[~wrong], p_avg[~wrong], "k.", label="correct")
+    ax.plot(p_map[wrong], p_avg[wrong], "rx", ms=9, mew=2, label="misclassified")
+    ax.plot([0, 1], [0, 1], "k:", lw=0.8)
+    ax.axhline(0.5, color="k", lw=0.5)
+    ax.set(xlabel=f"MAP prediction {label}", ylabel=f"averaged prediction {label}", xlim=(-0.02, 1.02),
+           ylim=(-0.02, 1.02))
+    ax.legend(loc="upper left")
+    return wrong
+
+
+def slider_figure(draw, sliders, columns=3):
+    """A figure that sliders redraw in place: draw(**values) -> (fig, result).
+
+    The figure at the sliders' initial values is shown as an ordinary output, a PNG image (so a static
+    render, an exported HTML page or a notebook viewer, shows it, whatever matplotlib's backend), under
+    the sliders; moving a slider calls draw again and replaces that image in place (IPython's display
+    update). sliders: a dict name -> ipywidgets slider. Returns (result at the initial values, the
+    widget box, a list that collects each redraw's seconds: computation, drawing and the PNG). Nothing
+    else is drawn: no stray figure.
+    """
+    import io
+    import time
+
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+    from IPython.display import Image, display
+
+    def render():
+        t0 = time.perf_counter()
+        fig, result = draw(**{name: s.value for name, s in sliders.items()})
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+        plt.close(fig)
+        return Image(data=buf.getvalue(), format="png"), result, t0
+
+    image, result, _ = render()
+    rows = [widgets.HBox(list(sliders.values())[k:k + columns]) for k in range(0, len(sliders), columns)]
+    box = widgets.VBox(rows)
+    display(box)
+    handle = display(image, display_id=True)
+    seconds = []
+
+    def on_change(change):
+        image, _, t0 = render()
+        handle.update(image)
+        seconds.append(time.perf_counter() - t0)
+
+    for s in sliders.values():
+        s.observe(on_change, names="value")
+    return result, box, seconds
+
+
 # ############################################################################
 # PART III. MACHINERY (not needed to follow the book)
 # ############################################################################
