@@ -512,7 +512,7 @@ def averaged_probability(likelihood, f_bar_star, V_f_star, rule):
             else:
                 p[i] = std_normal_cdf(fb / math.sqrt(1.0 + V))  # (3.82)
         else:                                                 # "mackay"
-            if not is_logistic:                               # no spec relates two arguments
+            if not is_logistic:                               # the one check no spec can make (two arguments)
                 raise ValueError("rule 'mackay' is for the logistic likelihood")
             kappa = 1.0 / math.sqrt(1.0 + math.pi * V / 8.0)
             p[i] = sigmoid(kappa * fb)
