@@ -415,13 +415,6 @@ def logistic_gaussian_integral(mu, var):
     return std_normal_cdf(mu / sd) + s
 
 
-@njit(cache=True)
-def _check_labels(y):
-    for i in range(y.shape[0]):
-        if y[i] != 1.0 and y[i] != -1.0:
-            raise ValueError("y must contain only -1 and +1")
-
-
 @public(y="(n,) pm1", f="(n,)")
 @njit(cache=True)
 def logistic(y, f):
@@ -646,16 +639,6 @@ def cholesky_inverse(L):
 
 LaplaceMode = namedtuple(
     "LaplaceMode", ["f_hat", "log_q", "a", "sW", "L", "n_iter", "converged"])
-
-
-@njit(cache=True)
-def _check_K_y(K, y):
-    n = y.shape[0]
-    if n == 0:
-        raise ValueError("y must not be empty")
-    if K.shape[0] != n or K.shape[1] != n:
-        raise ValueError("K must be a square matrix of shape (n, n) with n = len(y)")
-    _check_labels(y)
 
 
 @njit(cache=True)
@@ -973,22 +956,6 @@ def _log_sum_exp(f):
             s += math.exp(f[c, i] - m)
         total += m + math.log(s)
     return total
-
-
-@njit(cache=True)
-def _check_one_hot(y):
-    """Multi-class targets: one-hot, shape (C, n) with C >= 2 classes and n >= 1 cases."""
-    C, n = y.shape
-    if C < 2 or n == 0:
-        raise ValueError("y must have at least 2 classes (rows) and 1 case (column)")
-    for i in range(n):
-        s = 0.0
-        for c in range(C):
-            if y[c, i] != 0.0 and y[c, i] != 1.0:
-                raise ValueError("y must be one-hot: entries 0 or 1")
-            s += y[c, i]
-        if s != 1.0:
-            raise ValueError("y must be one-hot: exactly one 1 in each column")
 
 
 @njit(cache=True)
