@@ -168,7 +168,10 @@ def test_slider_renders_and_redraws_the_figure(lab, browser):
         return state["status"] == "idle" and state["ran"] == state["code"]
 
     _wait(finished, 300, "every cell to run")
+    # ipywidgets shows a widget it cannot display as this text, or (a model whose class does not load) as
+    # an error widget
     assert "Error displaying widget" not in browser.execute_script("return document.body.textContent;")
+    assert not browser.find_elements(By.CSS_SELECTOR, ".jupyter-widgets-error-widget"), "an error widget rendered"
     sliders = browser.find_elements(By.CSS_SELECTOR, ".widget-slider .noUi-handle")
     assert sliders, "no slider widget rendered"
     handle = sliders[0]
