@@ -66,7 +66,7 @@ def lab(tmp_path):
             [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
              f"--ServerApp.token={token}", f"--ServerApp.root_dir={work}", "--LabApp.expose_app_in_browser=True",
              "--ServerApp.disable_check_xsrf=True", "--allow-root"],
-            env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
 
     def stop():
         if server.poll() is None:
