@@ -479,6 +479,15 @@ def log_likelihood(likelihood, y, f):
     return probit(y, f)
 
 
+@njit(cache=True)
+def _gaussian_average(is_logistic, f_bar, V):
+    """int sigma(z) N(z|f_bar, V) dz (3.25): Phi(f_bar / sqrt(1 + V)) (3.82) for probit, by
+    quadrature (logistic_gaussian_integral) for logistic."""
+    if is_logistic:
+        return logistic_gaussian_integral(f_bar, V)
+    return std_normal_cdf(f_bar / math.sqrt(1.0 + V))
+
+
 @public(likelihood="{logistic,probit}", f_bar_star="(m,)", V_f_star="(m,)",
         rule="{average,map,mackay}")
 @njit(cache=True)
@@ -500,10 +509,7 @@ def averaged_probability(likelihood, f_bar_star, V_f_star, rule):
         if rule == "map":
             p[i] = sigmoid(fb) if is_logistic else std_normal_cdf(fb)
         elif rule == "average":
-            if is_logistic:
-                p[i] = logistic_gaussian_integral(fb, V)
-            else:
-                p[i] = std_normal_cdf(fb / math.sqrt(1.0 + V))  # (3.82)
+            p[i] = _gaussian_average(is_logistic, fb, V)
         else:                                                 # "mackay"
             if not is_logistic:                               # the one check no spec can make (two arguments)
                 raise ValueError("rule 'mackay' is for the logistic likelihood")
@@ -1687,7 +1693,8 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
     converged = False
     for n_sweeps in range(1, max_sweeps + 1):                 # line 3: repeat
         perm = np.random.permutation(n) if order == "random" else np.arange(n)
-        delta, n_skipped, m = 0.0, 0, 0
+        delta, n_skipped = 0.0, 0
+        m = np.int64(0)                                       # pending updates (not 0: a literal argument compiles the helpers twice)
         for i in perm:                                        # line 4: for i := 1 to n
             _current_column(Sigma, U, c, m, i, s)             # s_i, column i of the current Sigma
             if not (s[i] > 0.0 and 1.0 / s[i] > tau_tilde[i]):
@@ -1886,7 +1893,7 @@ def hmc_transition(L, y, likelihood, tau, g, step, n_leapfrog):
     (g, accepted, log p(y|L g)) for the new state (the old one if rejected).
     Ctrl-C is seen between leapfrog steps.
     """
-    return _hmc_transition(L, y, likelihood, tau, g, step, n_leapfrog, True)
+    return _hmc_transition(L, y, likelihood, tau, g, step, n_leapfrog, _main_thread())
 
 
 @njit(cache=True)
@@ -2159,10 +2166,12 @@ def _ais_run(L, y, likelihood, tau, t0, t1, g, ll, log_w, n_acc, steps, n_lf, se
 
 
 @njit(cache=True, parallel=True)
-def _ais_temperatures(L, y, likelihood, tau, t0, t1, g, ll, log_w, n_acc, steps, n_lf, seed):
-    """Temperatures t0..t1-1 of K&R Algorithm 3 for every run, in parallel over the runs (_ais_run)."""
+def _ais_temperatures(L, y, likelihood, tau, t0, t1, g, ll, log_w, n_acc, steps, n_lf, seed, interruptible):
+    """Temperatures t0..t1-1 of K&R Algorithm 3 for every run, in parallel over the runs (_ais_run);
+    interruptible is False: worker threads cannot see Ctrl-C."""
     for r in prange(g.shape[0]):
-        _ais_run(L, y, likelihood, tau, t0, t1, g, ll, log_w, n_acc, steps, n_lf, seed, r, False)
+        _ais_run(L, y, likelihood, tau, t0, t1, g, ll, log_w, n_acc, steps, n_lf, seed, np.int64(r),
+                 interruptible)                               # prange's index is unsigned: one compiled type
 
 
 @njit(cache=True)
@@ -2175,11 +2184,12 @@ def _ais_block(L, y, likelihood, tau, t0, t1, g, ll, log_w, n_acc, steps, n_lf, 
     leapfrog steps (worker threads cannot). Same random numbers either way.
     """
     n = y.shape[0]
-    if n_lf[t0:t1].sum() * float(n * n) <= _AIS_SERIAL_WORK:
-        _ais_temperatures(L, y, likelihood, tau, t0, t1, g, ll, log_w, n_acc, steps, n_lf, seed)
+    serial = n_lf[t0:t1].sum() * float(n * n) > _AIS_SERIAL_WORK
+    if not serial:
+        _ais_temperatures(L, y, likelihood, tau, t0, t1, g, ll, log_w, n_acc, steps, n_lf, seed, serial)
         return
     for r in range(g.shape[0]):
-        _ais_run(L, y, likelihood, tau, t0, t1, g, ll, log_w, n_acc, steps, n_lf, seed, r, True)
+        _ais_run(L, y, likelihood, tau, t0, t1, g, ll, log_w, n_acc, steps, n_lf, seed, r, serial)
 
 
 @njit(cache=True)
@@ -2304,11 +2314,13 @@ def mcmc_predict(F, K, likelihood, K_star, k_star_star):
     var = k_star_star - (A * A).sum(axis=0)                    # k_** - k_*^T K^-1 k_*
     means = np.empty((S, m))
     pi = np.zeros(m)
+    is_logistic = likelihood == "logistic"                    # else "probit"
     for s in range(S):
         check_interrupt()
         u = solve_lower(L, F[s])                               # L^-1 f
         means[s] = u @ A                                       # k_*^T K^-1 f
-        pi += averaged_probability(likelihood, means[s], var, "average")
+        for j in range(m):
+            pi[j] += _gaussian_average(is_logistic, means[s, j], max(var[j], 0.0))
     return pi / S, means
 
 
@@ -5818,6 +5830,20 @@ def check_interrupt():
     if _check_signals() != 0:
         _clear_error()            # numba raises its own exception below
         raise Interrupted("interrupted")
+
+
+_TRUE = np.ones(1, dtype=np.bool_)
+
+
+@njit(cache=True)
+def _main_thread():
+    """True: the caller runs in the main thread, which sees Ctrl-C (check_interrupt).
+
+    True read from an array, not the constant True, is a run-time boolean to numba: a function
+    called with it here and with a variable elsewhere compiles once (a constant argument is
+    typed as a literal, and each literal value is a compilation of its own).
+    """
+    return _TRUE[0]
 
 
 if config.DISABLE_JIT:

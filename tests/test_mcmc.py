@@ -370,7 +370,7 @@ def test_ais_serial_path_gives_the_parallel_result():
                                     n_lfs, 5, r, True)
             else:
                 gpclab._ais_temperatures(L, y, "probit", tau, t0, min(t0 + 32, T + 1), g, ll, log_w, n_acc,
-                                         steps, n_lfs, 5)
+                                         steps, n_lfs, 5, False)
         results.append((g.copy(), log_w.copy(), n_acc.copy()))
     for a, b in zip(*results):
         np.testing.assert_array_equal(a, b)
