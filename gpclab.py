@@ -3607,18 +3607,68 @@ def _warn_skipped(result, where):
                       RuntimeWarning, stacklevel=3)
 
 
-def _warn_not_converged(result, where):
-    """Turn a convergence flag of laplace_mode or ep into a RuntimeWarning (and skipped EP sites)."""
+def _warn_not_converged(result, where, K=None, likelihood=None):
+    """Turn a convergence flag of laplace_mode or ep into a RuntimeWarning (and skipped EP sites).
+
+    For binary EP given its K and likelihood, the message says what failed: the
+    damped sweeps that followed (_ep_damped), and the sites held at ep's precision
+    cap tau_max, where a step likelihood without noise leaves EP without a fixed point.
+    """
     _warn_skipped(result, where)
     if result.converged:
         return
     if isinstance(result, EPResult):
-        msg = (f"{where}: EP did not converge in {result.n_sweeps} sweeps (last relative "
+        damped = (f", the last {result.n_sweeps - _EP_SWEEPS} damped by {_EP_DAMPING}"
+                  if result.n_sweeps > _EP_SWEEPS else "")
+        msg = (f"{where}: EP did not converge in {result.n_sweeps} sweeps{damped} (last relative "
                f"change of a site parameter {result.delta:.2e}); the last sites are used")
+        if K is not None and np.ndim(result.tau_tilde) == 1:
+            tau_max = 1.0 / (_SQRT_U * max(float(np.max(np.diag(K))), 1e-300))
+            n_cap = int(np.sum(result.tau_tilde >= tau_max * (1.0 - 1e-9)))
+            if n_cap and likelihood == "step":
+                msg += (f". {n_cap} site(s) sit at the largest precision EP allows (tau~ = {tau_max:.3g}, "
+                        "f_i pinned at 0): the step likelihood without noise demands f of opposite signs at "
+                        "inputs of different classes that the covariance ties together, and EP has no fixed "
+                        "point. Use kernel 'kg' (K&G's covariance, whose latent noise t2 is the step's noise; "
+                        "the default for the step), eps > 0, or likelihood 'probit'")
+            elif n_cap:
+                msg += f". {n_cap} site(s) sit at the largest precision EP allows (tau~ = {tau_max:.3g})"
     else:
         msg = (f"{where}: Newton's method did not converge in {result.n_iter} steps; "
                "the last iterate is used")
     warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+_EP_SWEEPS = 100           # ep's sweeps in ep_evidence
+_EP_DAMPING = 0.5          # the share of a sweep's new sites kept in a damped sweep (GPy's default)
+_EP_DAMPED_SWEEPS = 300    # damped sweeps after an EP run that did not converge
+
+
+def _ep_damped(K, y, result, likelihood, eps, tol):
+    """Binary EP continued by damped sweeps from the sites of a run that did not converge.
+
+    Sequential EP (Algorithm 3.5) can cycle, above all with a likelihood that is not
+    log-concave (the step with eps > 0 asks for negative site precisions, held at 0).
+    Each sweep here is one sweep of ep from the current sites, of which only the share
+    _EP_DAMPING of the change is kept (natural parameters, as GPy's and GPstuff's
+    damped EP); converged as ep: the change of log Z_EP below tol and of every site
+    below sqrt(tol). Returns the EPResult of the last sweep, with n_sweeps counting the
+    first run's, or the first run's result if no sweep could be taken.
+    """
+    nu, tau = result.nu_tilde, result.tau_tilde
+    last, log_Z_old = None, np.inf
+    for k in range(_EP_DAMPED_SWEEPS):
+        try:
+            new = ep.unchecked(K, y, nu, tau, tol, 1, "natural", 0, likelihood, eps)
+        except np.linalg.LinAlgError:
+            break
+        last = new._replace(n_sweeps=result.n_sweeps + k + 1)
+        if new.n_skipped == 0 and abs(new.log_Z - log_Z_old) < tol and new.delta < math.sqrt(tol):
+            return last._replace(converged=True)
+        log_Z_old = new.log_Z
+        nu = nu + _EP_DAMPING * (new.nu_tilde - nu)
+        tau = tau + _EP_DAMPING * (new.tau_tilde - tau)
+    return result if last is None else last._replace(converged=False)
 
 
 def evidence(X, y, log_hyp, kernel="se", likelihood="logistic", method="laplace", warm=None,
@@ -3631,7 +3681,9 @@ def evidence(X, y, log_hyp, kernel="se", likelihood="logistic", method="laplace"
     evidence on K&G's difference latents (multiclass_ep_evidence). 'emep'
     evaluates the same EP evidence as 'ep' (EM-EP's fixed point is a
     stationary point of it, K&G Theorem 1). tol: binary EP's convergence
-    tolerance. Returns (value, grad, result, warm).
+    tolerance; a binary EP run that does not converge in its 100 sweeps goes
+    on with up to 300 damped ones (_ep_damped), so that a run that converges
+    is left as it is. Returns (value, grad, result, warm).
     """
     if np.ndim(y) == 2:
         if method in ("ep", "emep"):
@@ -3643,6 +3695,14 @@ def evidence(X, y, log_hyp, kernel="se", likelihood="logistic", method="laplace"
         v, g, res = laplace_evidence(X, y, log_hyp, kernel, likelihood, warm, eval_gradient, discrete)
         return v, g, res, res.a
     v, g, res = ep_evidence(X, y, log_hyp, kernel, warm, eval_gradient, discrete, likelihood, eps, tol)
+    if not res.converged:
+        K = kernel_matrix.unchecked(kernel, X, X, log_hyp, discrete)
+        damped = _ep_damped(K, y, res, likelihood, eps, tol)
+        if damped is not res and (not np.isnan(damped.log_Z) or np.isnan(v)):
+            res, v = damped, float(damped.log_Z)
+            if eval_gradient:
+                g = ep_log_Z_grad.unchecked(K, X, kernel, log_hyp, res.nu_tilde, res.tau_tilde, res.L,
+                                            discrete)
     return v, g, res, (res.nu_tilde, res.tau_tilde)
 
 
@@ -3662,10 +3722,13 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
     log-hyperparameter: maximum penalised likelihood (Williams & Barber use
     N(-3, 3^2)). discrete: flags of the discrete inputs (K&G 14); eps: the
     labelling noise of likelihood 'step' (K&G 10), held fixed. With
-    likelihood 'step' and kernel 'kg' or 'kg_iso' the evidence does not
-    change when t0, t1 and t2 are scaled together (the step sees only the
-    sign of f): without hyp_prior, log t0 is held at its start value, which
-    removes that flat direction (L-BFGS otherwise spends its steps along it).
+    likelihood 'step' the evidence does not change when K is scaled (t0, t1
+    and t2 of 'kg' together; the step sees only the sign of f): without
+    hyp_prior, the scale (log t0 for 'kg', 'kg_iso', log v0 for 'ard', log sf
+    for 'se') is held at its start value, which removes that flat direction
+    (L-BFGS otherwise spends its steps along it). An evaluation whose warm
+    start fails (not finite, or EP or Newton not converged) is done again
+    from no sites or a zero mode, as GPML's infEP restarts.
     ftol: L-BFGS-B stops when a step raises the log evidence by less than
     ftol max(|log evidence|, 1). Default: scipy's 2.2e-9 for Laplace; 1e-6 for EP and EM-EP, about
     1e-4 nats at a log evidence of -100, where each evaluation runs EP (2.2e-9 polishes
@@ -3702,7 +3765,7 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
 def _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_prior, discrete, eps,
              ftol):
     """ml2 on checked arguments. Returns (log_hyp, value, OptimizeResult, notes): notes maps
-    'failed', 'bound', 'plateau' to the warnings ml2 gives; the caller decides which to give
+    'approximation', 'failed', 'bound', 'plateau' to the warnings ml2 gives; the caller decides which to give
     (GPClassifier's restarts drop the plateau of a start), and no global warnings state is
     touched, so that fits in several threads do not disturb each other."""
     from scipy.optimize import minimize
@@ -3724,11 +3787,20 @@ def _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_p
             return g
         return g.sum(axis=0) if len(shape) == 1 else g.ravel()
 
-    state = {"warm": None, "tol": 1e-9}
+    state = {"warm": None, "tol": 1e-9, "converged": {}}
 
     def neg(x):
-        v, g, _, state["warm"] = evidence(X, y, unpack(x), kernel, likelihood, method, state["warm"],
-                                          True, discrete, eps, state["tol"])
+        v, g, res, warm = evidence(X, y, unpack(x), kernel, likelihood, method, state["warm"],
+                                   True, discrete, eps, state["tol"])
+        if state["warm"] is not None and not (np.isfinite(v) and res.converged):
+            # the warm start failed (sites far too precise for the new K, a mode far away):
+            # start afresh, as GPML's infEP does when its warm start is worse than no sites
+            cold = evidence(X, y, unpack(x), kernel, likelihood, method, None, True, discrete, eps,
+                            state["tol"])
+            if np.isfinite(cold[0]) and (cold[2].converged or not np.isfinite(v)):
+                v, g, res, warm = cold
+        state["warm"] = warm
+        state["converged"][np.asarray(x, dtype=float).tobytes()] = bool(res.converged)
         if not np.isfinite(v):
             return np.inf, np.zeros_like(x)
         g = pack_grad(g)
@@ -3744,12 +3816,19 @@ def _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_p
     if multi and len(shape) == 2:
         bounds = list(bounds) * C
     x0 = np.clip(x0, [b[0] for b in bounds], [b[1] for b in bounds])
-    if likelihood == "step" and kernel in ("kg", "kg_iso") and not multi and hyp_prior is None:
-        bounds = [(x0[0], x0[0])] + list(bounds[1:])         # the scale of K: see the docstring
+    if likelihood == "step" and not multi and hyp_prior is None:
+        k = 1 if kernel == "se" else 0                       # the scale of K: see the docstring
+        bounds = list(bounds)
+        bounds[k] = (x0[k], x0[k])
     res = minimize(neg, x0, jac=True, method="L-BFGS-B", bounds=bounds,
                    options={"maxiter": max_iter,
                             "ftol": ftol if ftol is not None else 1e-6 if method in ("ep", "emep") else 2.2e-9})
     notes = {}
+    if not state["converged"].get(np.asarray(res.x, dtype=float).tobytes(), True):
+        what = "EP" if method in ("ep", "emep") else "Newton's method"
+        notes["approximation"] = (f"{what} did not converge at the log_hyp found: the log evidence and its "
+                                  "gradient there are those of the last iterate, and L-BFGS-B may have stopped "
+                                  "short of an optimum")
     if not res.success:
         notes["failed"] = (f"L-BFGS-B stopped without converging after {res.nit} iterations "
                            f"({res.message}); the last log_hyp is used")
@@ -3799,9 +3878,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         latent noise (K&G 13) with one inverse length-scale per input ('kg',
         ARD on: K&G's "(m)" models) or one for all ('kg_iso', ARD off: "(s)");
         see the covariance functions (Part I) for log_hyp. Default: 'se', or 'kg' for
-        method 'emep' and for EP on more than two classes (K&G's covariance: its
-        latent noise t2 keeps the covariance of the difference latents positive
-        definite, which with 'se' it is not in floating point at n = 300).
+        method 'emep', for EP on more than two classes and for likelihood 'step'
+        (K&G's model: its latent noise t2 is the step's noise, and keeps the
+        covariance of the difference latents positive definite, which with 'se'
+        it is not in floating point at n = 300). Method 'emep' takes 'kg' or
+        'kg_iso' only: its bound needs C^-1 and log|Sigma|, singular in floating
+        point without t2. With the step and no noise (kernel 'se' or 'ard',
+        eps = 0) the labels must be reproduced exactly by the sign of f: on
+        overlapping classes (make_three_gaussians) EP has no fixed point at
+        moderate length-scales and fit warns with what failed.
     likelihood : {'logistic', 'probit', 'step'}, optional
         'step' is K&G's eps + (1 - 2 eps) H(y f) (K&G 10), for EP and EM-EP.
         For more than two classes 'logistic' means its generalisation, the
@@ -3832,7 +3917,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         log-hyperparameter. Default: default_bounds(kernel, d, X), whose
         length-scale bounds follow the spread of X (so that the fit does not
         depend on the unit of X); for EM-EP, whose start is K&G's for
-        standardised inputs, default_bounds(kernel, d).
+        standardised inputs, default_bounds(kernel, d): EM-EP's fit depends on
+        the unit of X, and fit warns when a column's standard deviation is
+        outside [0.1, 10] (standardise X, e.g. StandardScaler in a Pipeline).
     n_restarts : int
         Extra ML-II or EM-EP runs from random starts, normal with sd 1 in log
         space around the start and within `bounds`; the one of largest
@@ -3947,6 +4034,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"GPClassifier: n_restarts must be a non-negative integer, got {self.n_restarts!r}")
         if self.hyp_prior is not None and (len(self.hyp_prior) != 2 or not self.hyp_prior[1] > 0):
             raise ValueError(f"GPClassifier: hyp_prior must be (mean, sd) with sd > 0, got {self.hyp_prior!r}")
+        if self.method == "emep" and self.kernel in ("se", "ard"):
+            raise ValueError(f"GPClassifier: method 'emep' needs kernel 'kg' or 'kg_iso' (K&G's covariance, "
+                             f"the default), got kernel={self.kernel!r}: EM-EP's bound (K&G 29) needs C^-1 "
+                             "and log|Sigma|, and without the latent noise t2 of K&G's covariance those of a "
+                             "smooth covariance are singular in floating point (as for every seed of "
+                             "make_three_gaussians). For kernel 'se' or 'ard' use method 'ep' (ML-II on "
+                             "log Z_EP) or 'laplace'")
         if self.hyp_prior is not None and self.method == "emep":
             raise ValueError("GPClassifier: hyp_prior is for ML-II; EM-EP maximises the evidence bound "
                              "without a prior")
@@ -4035,7 +4129,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         # K&G's covariance for their models (EM-EP, multi-class EP): its latent noise t2 keeps the
         # covariance of the difference latents positive definite (with 'se' at n = 300 it is not)
         kernel = (self.kernel if self.kernel is not None else
-                  "kg" if method == "emep" or (multiclass and method == "ep") else "se")
+                  "kg" if method == "emep" or (multiclass and method == "ep") or self.likelihood == "step"
+                  else "se")
         if self.likelihood is not None:
             likelihood = self.likelihood
         else:   # multi-class EP is K&G's model on difference latents: the step is its likelihood
@@ -4060,6 +4155,16 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         per_class = multiclass and method == "laplace" and not self.shared_hyp
         y_t = one_hot(idx, C) if multiclass else np.where(idx == 1, 1.0, -1.0)
         rng, seed = self._random()
+        if method == "emep" and self.optimize and (self.log_hyp is None or self.bounds is None):
+            cont = np.ones(d, bool) if discrete is None else ~discrete   # the discrete inputs have no unit
+            sd = np.std(X[:, cont], axis=0) if np.any(cont) else np.ones(1)
+            if np.any(sd < 0.1) or np.any(sd > 10.0):
+                warnings.warn("GPClassifier.fit: EM-EP starts from K&G's hyperparameters for standardised "
+                              "inputs (their footnote 11; its default bounds are absolute too), but the "
+                              f"standard deviations of the inputs range from {sd.min():.3g} to {sd.max():.3g}: "
+                              "the fit depends on the unit of X. Standardise X (make_pipeline(StandardScaler(), "
+                              "GPClassifier(method='emep'))) or give log_hyp and bounds", RuntimeWarning,
+                              stacklevel=2)
         if self.log_hyp is None:
             # ML-II starts from the data (data_log_hyp); EM-EP from K&G's start (footnote 11),
             # which measured as close to the best log Z_EP (benchmarks/bench_ml2_starts.py)
@@ -4129,7 +4234,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             K = np.stack([kernel_matrix(kernel, X, X, h, discrete) for h in class_hyp])
         else:
             K = kernel_matrix(kernel, X, X, log_hyp, discrete)
-        _warn_not_converged(res, "GPClassifier.fit")
+        _warn_not_converged(res, "GPClassifier.fit", None if multiclass else K, likelihood)
         if emep is not None and not emep.converged:
             warnings.warn(f"GPClassifier.fit: EM-EP did not converge in {emep.n_iter} rounds "
                           f"(tol {self.tol}); the last hyperparameters are used", RuntimeWarning,
