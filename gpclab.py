@@ -3859,6 +3859,17 @@ def _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_p
 from sklearn.base import BaseEstimator, ClassifierMixin  # noqa: E402  (scikit-learn's estimator API)
 
 
+def _named_errors(where, call, *args, **kwargs):
+    """call(*args, **kwargs), with its ValueError or TypeError (scikit-learn's checks of X and y)
+    prefixed by the method called: scikit-learn's text is kept, which its own checks match."""
+    try:
+        return call(*args, **kwargs)
+    except (ValueError, TypeError) as e:
+        if type(e) not in (ValueError, TypeError) or str(e).startswith(where):
+            raise
+        raise type(e)(f"{where}: {e}") from None
+
+
 class GPClassifier(ClassifierMixin, BaseEstimator):
     """Gaussian-process classifier in the scikit-learn style.
 
@@ -4099,7 +4110,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             if len(kinds) > 1 or type(None) in kinds:
                 raise mixed()
         try:
-            check_classification_targets(y)
+            _named_errors("GPClassifier.fit", check_classification_targets, y)
             classes, idx = np.unique(y, return_inverse=True)
         except TypeError:
             raise mixed() from None
@@ -4120,7 +4131,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         for key in [k for k in vars(self) if k.endswith("_") and not k.startswith("_")]:
             delattr(self, key)                                # refit from a clean state
         self._check_params()
-        X, y = validate_data(self, X, y, dtype=np.float64, order="C", copy=True)  # the model owns X
+        X, y = _named_errors("GPClassifier.fit", validate_data, self, X, y, dtype=np.float64, order="C",
+                             copy=True)                   # the model owns X
         self.classes_, idx = self._labels(y)
         C = self.classes_.shape[0]
         d = X.shape[1]
@@ -4151,7 +4163,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             if method != "laplace" and not self.shared_hyp:
                 raise ValueError("GPClassifier.fit: multi-class EP has one covariance function for all "
                                  "classes (K&G 38): shared_hyp must be True")
-        discrete = discrete_flags(self.discrete, d)
+        discrete = _named_errors("GPClassifier.fit", discrete_flags, self.discrete, d)
         per_class = multiclass and method == "laplace" and not self.shared_hyp
         y_t = one_hot(idx, C) if multiclass else np.where(idx == 1, 1.0, -1.0)
         rng, seed = self._random()
@@ -4179,9 +4191,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             if h0.shape[0] != C:
                 raise ValueError(f"GPClassifier.fit: log_hyp for shared_hyp=False must have one row per "
                                  f"class ({C}), got shape {h0.shape}")
-            h0 = np.stack([_check_log_hyp(h, kernel, d) for h in h0])
+            h0 = np.stack([_named_errors("GPClassifier.fit", _check_log_hyp, h, kernel, d) for h in h0])
         else:
-            h0 = _check_log_hyp(self.log_hyp, kernel, d)
+            h0 = _named_errors("GPClassifier.fit", _check_log_hyp, self.log_hyp, kernel, d)
         eps = float(self.eps)
         emep = None
         res = None
@@ -4290,11 +4302,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
         check_is_fitted(self, "log_hyp_")
 
-    def _X_test(self, X):
+    def _X_test(self, X, where):
         from sklearn.utils.validation import validate_data
 
         self._check_fitted()
-        X = validate_data(self, X, reset=False, dtype=np.float64, order="C")
+        X = _named_errors(where, validate_data, self, X, reset=False, dtype=np.float64, order="C")
         return X if X.flags.writeable else X.copy()
 
     def predict_latent(self, X):
@@ -4304,13 +4316,16 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Multi-class: means (3.41; K&G 51), shape (m, C), and covariances
         (3.43), (m, C, C).
         """
-        _, f_bar, V = self._predict(X, "average")
+        return self._latent(X, "GPClassifier.predict_latent")
+
+    def _latent(self, X, where):
+        _, f_bar, V = self._predict(X, "average", where)
         if self.multiclass_:
             return f_bar.T.copy(), V
         return f_bar, V
 
-    def _predict(self, X, rule):
-        X = self._X_test(X)
+    def _predict(self, X, rule, where):
+        X = self._X_test(X, where)
         disc = self.discrete_
         # the arguments below were built and checked by fit and _X_test: the calls skip the
         # checks of the public entries (which would factorise K again, once per class)
@@ -4354,24 +4369,28 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         (Algorithm 3.4) with n_samples samples, seeded by random_state.
         Multi-class EP: the orthant probabilities of K&G eq. 50.
         """
-        _check_choice(rule, "rule", ("average", "map", "mackay"))
+        return self._proba(X, rule, "GPClassifier.predict_proba")
+
+    def _proba(self, X, rule, where):
+        _check_choice(rule, "rule", ("average", "map", "mackay"), where)
         self._check_fitted()
         if self.multiclass_:
             if rule != "average":
-                raise ValueError("rule must be 'average' for a multi-class model")
-            p, _, _ = self._predict(X, rule)
+                raise ValueError(f"{where}: rule must be 'average' for a multi-class model, got {rule!r}")
+            p, _, _ = self._predict(X, rule, where)
             return p.T.copy()
         if rule == "mackay" and self.likelihood_ != "logistic":
-            raise ValueError("rule 'mackay' is for the logistic likelihood")
-        p, _, _ = self._predict(X, rule)
+            raise ValueError(f"{where}: rule 'mackay' is for the logistic likelihood, got likelihood "
+                             f"{self.likelihood_!r}")
+        p, _, _ = self._predict(X, rule, where)
         return np.column_stack([1.0 - p, p])
 
     def predict(self, X):
         """Most probable class of each row of X (the same for all rules, section 3.4.2)."""
         self._check_fitted()
         if self.multiclass_:
-            return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
-        f_bar, _ = self.predict_latent(X)
+            return self.classes_[np.argmax(self._proba(X, "average", "GPClassifier.predict"), axis=1)]
+        f_bar, _ = self._latent(X, "GPClassifier.predict")
         return self.classes_[(f_bar > 0).astype(int)]
 
     def log_marginal_likelihood(self, log_hyp=None, eval_gradient=False):
@@ -4381,9 +4400,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if log_hyp is None:
             h = self.log_hyp_
         elif self.log_hyp_.ndim == 2:
-            h = np.stack([_check_log_hyp(r, self.kernel_, d) for r in np.asarray(log_hyp, dtype=float)])
+            h = np.stack([_named_errors("GPClassifier.log_marginal_likelihood", _check_log_hyp, r, self.kernel_, d)
+                          for r in np.asarray(log_hyp, dtype=float)])
         else:
-            h = _check_log_hyp(log_hyp, self.kernel_, d)
+            h = _named_errors("GPClassifier.log_marginal_likelihood", _check_log_hyp, log_hyp, self.kernel_, d)
         v, g, _, _ = evidence(self.X_train_, self.y_train_, self._class_hyp(h), self.kernel_,
                               self.likelihood_, self.method, None, eval_gradient, self.discrete_,
                               self.eps_)
@@ -4557,8 +4577,9 @@ def information_bits_multiclass(P, y_test, y_train):
     predicts the training class frequencies (3.76). log2 C is perfect,
     confident classification for balanced classes; 0 is no better than the
     base line. A test case given probability 0 for its class gives -inf.
-    Refused with a ValueError: empty input, and a class of y_test that
-    y_train lacks (the base line would give it probability 0).
+    Refused with a ValueError: empty input, rows of P that do not sum to 1,
+    and a class of y_test that y_train lacks (the base line would give it
+    probability 0).
     """
     P = np.asarray(P, dtype=float)
     yt = np.asarray(y_test)
@@ -4573,6 +4594,10 @@ def information_bits_multiclass(P, y_test, y_train):
             raise ValueError(f"information_bits_multiclass: {name} must be class indices 0..{C - 1}")
     if np.any((P < 0) | (P > 1)) or not np.all(np.isfinite(P)):
         raise ValueError("information_bits_multiclass: P must be probabilities in [0, 1]")
+    bad = np.flatnonzero(np.abs(P.sum(axis=1) - 1.0) > 1e-6)
+    if bad.size:
+        raise ValueError(f"information_bits_multiclass: each row of P must sum to 1 (the class "
+                         f"probabilities of one test case), got {P[bad[0]].sum():.6g} in row {bad[0]}")
     q = np.bincount(ytr, minlength=C) / ytr.shape[0]
     f = np.bincount(yt, minlength=C) / yt.shape[0]
     missing = np.flatnonzero((f > 0) & (q == 0))
@@ -4674,7 +4699,7 @@ def cross_validate(X, y, method="laplace", likelihood="probit", n_folds=10, seed
     if not isinstance(n_folds, (int, np.integer)) or not 2 <= n_folds <= n:
         raise ValueError(f"cross_validate: n_folds must be an integer from 2 to the number of samples ({n}), got {n_folds!r}")
     h0 = (np.array([0.5 * np.log(X.shape[1]), 1.0]) if log_hyp0 is None
-          else _check_log_hyp(log_hyp0, "se", X.shape[1], "log_hyp0"))
+          else _named_errors("cross_validate", _check_log_hyp, log_hyp0, "se", X.shape[1], "log_hyp0"))
     folds = np.array_split(np.random.default_rng(seed).permutation(n), n_folds)
     args = [(X, y_pm, test, method, likelihood, h0, max_iter) for test in folds]
     if executor is None:
