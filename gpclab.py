@@ -3619,18 +3619,68 @@ def _warn_skipped(result, where):
                       RuntimeWarning, stacklevel=3)
 
 
-def _warn_not_converged(result, where):
-    """Turn a convergence flag of laplace_mode or ep into a RuntimeWarning (and skipped EP sites)."""
+def _warn_not_converged(result, where, K=None, likelihood=None):
+    """Turn a convergence flag of laplace_mode or ep into a RuntimeWarning (and skipped EP sites).
+
+    For binary EP given its K and likelihood, the message says what failed: the
+    damped sweeps that followed (_ep_damped), and the sites held at ep's precision
+    cap tau_max, where a step likelihood without noise leaves EP without a fixed point.
+    """
     _warn_skipped(result, where)
     if result.converged:
         return
     if isinstance(result, EPResult):
-        msg = (f"{where}: EP did not converge in {result.n_sweeps} sweeps (last relative "
+        damped = (f", the last {result.n_sweeps - _EP_SWEEPS} damped by {_EP_DAMPING}"
+                  if result.n_sweeps > _EP_SWEEPS else "")
+        msg = (f"{where}: EP did not converge in {result.n_sweeps} sweeps{damped} (last relative "
                f"change of a site parameter {result.delta:.2e}); the last sites are used")
+        if K is not None and np.ndim(result.tau_tilde) == 1:
+            tau_max = 1.0 / (_SQRT_U * max(float(np.max(np.diag(K))), 1e-300))
+            n_cap = int(np.sum(result.tau_tilde >= tau_max * (1.0 - 1e-9)))
+            if n_cap and likelihood == "step":
+                msg += (f". {n_cap} site(s) sit at the largest precision EP allows (tau~ = {tau_max:.3g}, "
+                        "f_i pinned at 0): the step likelihood without noise demands f of opposite signs at "
+                        "inputs of different classes that the covariance ties together, and EP has no fixed "
+                        "point. Use kernel 'kg' (K&G's covariance, whose latent noise t2 is the step's noise; "
+                        "the default for the step), eps > 0, or likelihood 'probit'")
+            elif n_cap:
+                msg += f". {n_cap} site(s) sit at the largest precision EP allows (tau~ = {tau_max:.3g})"
     else:
         msg = (f"{where}: Newton's method did not converge in {result.n_iter} steps; "
                "the last iterate is used")
     warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+_EP_SWEEPS = 100           # ep's sweeps in ep_evidence
+_EP_DAMPING = 0.5          # the share of a sweep's new sites kept in a damped sweep (GPy's default)
+_EP_DAMPED_SWEEPS = 300    # damped sweeps after an EP run that did not converge
+
+
+def _ep_damped(K, y, result, likelihood, eps, tol):
+    """Binary EP continued by damped sweeps from the sites of a run that did not converge.
+
+    Sequential EP (Algorithm 3.5) can cycle, above all with a likelihood that is not
+    log-concave (the step with eps > 0 asks for negative site precisions, held at 0).
+    Each sweep here is one sweep of ep from the current sites, of which only the share
+    _EP_DAMPING of the change is kept (natural parameters, as GPy's and GPstuff's
+    damped EP); converged as ep: the change of log Z_EP below tol and of every site
+    below sqrt(tol). Returns the EPResult of the last sweep, with n_sweeps counting the
+    first run's, or the first run's result if no sweep could be taken.
+    """
+    nu, tau = result.nu_tilde, result.tau_tilde
+    last, log_Z_old = None, np.inf
+    for k in range(_EP_DAMPED_SWEEPS):
+        try:
+            new = ep.unchecked(K, y, nu, tau, tol, 1, "natural", 0, likelihood, eps)
+        except np.linalg.LinAlgError:
+            break
+        last = new._replace(n_sweeps=result.n_sweeps + k + 1)
+        if new.n_skipped == 0 and abs(new.log_Z - log_Z_old) < tol and new.delta < math.sqrt(tol):
+            return last._replace(converged=True)
+        log_Z_old = new.log_Z
+        nu = nu + _EP_DAMPING * (new.nu_tilde - nu)
+        tau = tau + _EP_DAMPING * (new.tau_tilde - tau)
+    return result if last is None else last._replace(converged=False)
 
 
 def evidence(X, y, log_hyp, kernel="se", likelihood="logistic", method="laplace", warm=None,
@@ -3643,7 +3693,9 @@ def evidence(X, y, log_hyp, kernel="se", likelihood="logistic", method="laplace"
     evidence on K&G's difference latents (multiclass_ep_evidence). 'emep'
     evaluates the same EP evidence as 'ep' (EM-EP's fixed point is a
     stationary point of it, K&G Theorem 1). tol: binary EP's convergence
-    tolerance. Returns (value, grad, result, warm).
+    tolerance; a binary EP run that does not converge in its 100 sweeps goes
+    on with up to 300 damped ones (_ep_damped), so that a run that converges
+    is left as it is. Returns (value, grad, result, warm).
     """
     if np.ndim(y) == 2:
         if method in ("ep", "emep"):
@@ -3655,6 +3707,14 @@ def evidence(X, y, log_hyp, kernel="se", likelihood="logistic", method="laplace"
         v, g, res = laplace_evidence(X, y, log_hyp, kernel, likelihood, warm, eval_gradient, discrete)
         return v, g, res, res.a
     v, g, res = ep_evidence(X, y, log_hyp, kernel, warm, eval_gradient, discrete, likelihood, eps, tol)
+    if not res.converged:
+        K = kernel_matrix.unchecked(kernel, X, X, log_hyp, discrete)
+        damped = _ep_damped(K, y, res, likelihood, eps, tol)
+        if damped is not res and (not np.isnan(damped.log_Z) or np.isnan(v)):
+            res, v = damped, float(damped.log_Z)
+            if eval_gradient:
+                g = ep_log_Z_grad.unchecked(K, X, kernel, log_hyp, res.nu_tilde, res.tau_tilde, res.L,
+                                            discrete)
     return v, g, res, (res.nu_tilde, res.tau_tilde)
 
 
@@ -3674,10 +3734,13 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
     log-hyperparameter: maximum penalised likelihood (Williams & Barber use
     N(-3, 3^2)). discrete: flags of the discrete inputs (K&G 14); eps: the
     labelling noise of likelihood 'step' (K&G 10), held fixed. With
-    likelihood 'step' and kernel 'kg' or 'kg_iso' the evidence does not
-    change when t0, t1 and t2 are scaled together (the step sees only the
-    sign of f): without hyp_prior, log t0 is held at its start value, which
-    removes that flat direction (L-BFGS otherwise spends its steps along it).
+    likelihood 'step' the evidence does not change when K is scaled (t0, t1
+    and t2 of 'kg' together; the step sees only the sign of f): without
+    hyp_prior, the scale (log t0 for 'kg', 'kg_iso', log v0 for 'ard', log sf
+    for 'se') is held at its start value, which removes that flat direction
+    (L-BFGS otherwise spends its steps along it). An evaluation whose warm
+    start fails (not finite, or EP or Newton not converged) is done again
+    from no sites or a zero mode, as GPML's infEP restarts.
     ftol: L-BFGS-B stops when a step raises the log evidence by less than
     ftol max(|log evidence|, 1). Default: scipy's 2.2e-9 for Laplace; 1e-6 for EP and EM-EP, about
     1e-4 nats at a log evidence of -100, where each evaluation runs EP (2.2e-9 polishes
@@ -3714,7 +3777,7 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
 def _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_prior, discrete, eps,
              ftol):
     """ml2 on checked arguments. Returns (log_hyp, value, OptimizeResult, notes): notes maps
-    'failed', 'bound', 'plateau' to the warnings ml2 gives; the caller decides which to give
+    'approximation', 'failed', 'bound', 'plateau' to the warnings ml2 gives; the caller decides which to give
     (GPClassifier's restarts drop the plateau of a start), and no global warnings state is
     touched, so that fits in several threads do not disturb each other."""
     from scipy.optimize import minimize
@@ -3736,11 +3799,20 @@ def _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_p
             return g
         return g.sum(axis=0) if len(shape) == 1 else g.ravel()
 
-    state = {"warm": None, "tol": 1e-9}
+    state = {"warm": None, "tol": 1e-9, "converged": {}}
 
     def neg(x):
-        v, g, _, state["warm"] = evidence(X, y, unpack(x), kernel, likelihood, method, state["warm"],
-                                          True, discrete, eps, state["tol"])
+        v, g, res, warm = evidence(X, y, unpack(x), kernel, likelihood, method, state["warm"],
+                                   True, discrete, eps, state["tol"])
+        if state["warm"] is not None and not (np.isfinite(v) and res.converged):
+            # the warm start failed (sites far too precise for the new K, a mode far away):
+            # start afresh, as GPML's infEP does when its warm start is worse than no sites
+            cold = evidence(X, y, unpack(x), kernel, likelihood, method, None, True, discrete, eps,
+                            state["tol"])
+            if np.isfinite(cold[0]) and (cold[2].converged or not np.isfinite(v)):
+                v, g, res, warm = cold
+        state["warm"] = warm
+        state["converged"][np.asarray(x, dtype=float).tobytes()] = bool(res.converged)
         if not np.isfinite(v):
             return np.inf, np.zeros_like(x)
         g = pack_grad(g)
@@ -3756,12 +3828,19 @@ def _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_p
     if multi and len(shape) == 2:
         bounds = list(bounds) * C
     x0 = np.clip(x0, [b[0] for b in bounds], [b[1] for b in bounds])
-    if likelihood == "step" and kernel in ("kg", "kg_iso") and not multi and hyp_prior is None:
-        bounds = [(x0[0], x0[0])] + list(bounds[1:])         # the scale of K: see the docstring
+    if likelihood == "step" and not multi and hyp_prior is None:
+        k = 1 if kernel == "se" else 0                       # the scale of K: see the docstring
+        bounds = list(bounds)
+        bounds[k] = (x0[k], x0[k])
     res = minimize(neg, x0, jac=True, method="L-BFGS-B", bounds=bounds,
                    options={"maxiter": max_iter,
                             "ftol": ftol if ftol is not None else 1e-6 if method in ("ep", "emep") else 2.2e-9})
     notes = {}
+    if not state["converged"].get(np.asarray(res.x, dtype=float).tobytes(), True):
+        what = "EP" if method in ("ep", "emep") else "Newton's method"
+        notes["approximation"] = (f"{what} did not converge at the log_hyp found: the log evidence and its "
+                                  "gradient there are those of the last iterate, and L-BFGS-B may have stopped "
+                                  "short of an optimum")
     if not res.success:
         notes["failed"] = (f"L-BFGS-B stopped without converging after {res.nit} iterations "
                            f"({res.message}); the last log_hyp is used")
@@ -3792,6 +3871,17 @@ def _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_p
 from sklearn.base import BaseEstimator, ClassifierMixin  # noqa: E402  (scikit-learn's estimator API)
 
 
+def _named_errors(where, call, *args, **kwargs):
+    """call(*args, **kwargs), with its ValueError or TypeError (scikit-learn's checks of X and y)
+    prefixed by the method called: scikit-learn's text is kept, which its own checks match."""
+    try:
+        return call(*args, **kwargs)
+    except (ValueError, TypeError) as e:
+        if type(e) not in (ValueError, TypeError) or str(e).startswith(where):
+            raise
+        raise type(e)(f"{where}: {e}") from None
+
+
 class GPClassifier(ClassifierMixin, BaseEstimator):
     """Gaussian-process classifier in the scikit-learn style.
 
@@ -3811,9 +3901,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         latent noise (K&G 13) with one inverse length-scale per input ('kg',
         ARD on: K&G's "(m)" models) or one for all ('kg_iso', ARD off: "(s)");
         see the covariance functions (Part I) for log_hyp. Default: 'se', or 'kg' for
-        method 'emep' and for EP on more than two classes (K&G's covariance: its
-        latent noise t2 keeps the covariance of the difference latents positive
-        definite, which with 'se' it is not in floating point at n = 300).
+        method 'emep', for EP on more than two classes and for likelihood 'step'
+        (K&G's model: its latent noise t2 is the step's noise, and keeps the
+        covariance of the difference latents positive definite, which with 'se'
+        it is not in floating point at n = 300). Method 'emep' takes 'kg' or
+        'kg_iso' only: its bound needs C^-1 and log|Sigma|, singular in floating
+        point without t2. With the step and no noise (kernel 'se' or 'ard',
+        eps = 0) the labels must be reproduced exactly by the sign of f: on
+        overlapping classes (make_three_gaussians) EP has no fixed point at
+        moderate length-scales and fit warns with what failed.
     likelihood : {'logistic', 'probit', 'step'}, optional
         'step' is K&G's eps + (1 - 2 eps) H(y f) (K&G 10), for EP and EM-EP.
         For more than two classes 'logistic' means its generalisation, the
@@ -3844,7 +3940,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         log-hyperparameter. Default: default_bounds(kernel, d, X), whose
         length-scale bounds follow the spread of X (so that the fit does not
         depend on the unit of X); for EM-EP, whose start is K&G's for
-        standardised inputs, default_bounds(kernel, d).
+        standardised inputs, default_bounds(kernel, d): EM-EP's fit depends on
+        the unit of X, and fit warns when a column's standard deviation is
+        outside [0.1, 10] (standardise X, e.g. StandardScaler in a Pipeline).
     n_restarts : int
         Extra ML-II or EM-EP runs from random starts, normal with sd 1 in log
         space around the start and within `bounds`; the one of largest
@@ -3959,6 +4057,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"GPClassifier: n_restarts must be a non-negative integer, got {self.n_restarts!r}")
         if self.hyp_prior is not None and (len(self.hyp_prior) != 2 or not self.hyp_prior[1] > 0):
             raise ValueError(f"GPClassifier: hyp_prior must be (mean, sd) with sd > 0, got {self.hyp_prior!r}")
+        if self.method == "emep" and self.kernel in ("se", "ard"):
+            raise ValueError(f"GPClassifier: method 'emep' needs kernel 'kg' or 'kg_iso' (K&G's covariance, "
+                             f"the default), got kernel={self.kernel!r}: EM-EP's bound (K&G 29) needs C^-1 "
+                             "and log|Sigma|, and without the latent noise t2 of K&G's covariance those of a "
+                             "smooth covariance are singular in floating point (as for every seed of "
+                             "make_three_gaussians). For kernel 'se' or 'ard' use method 'ep' (ML-II on "
+                             "log Z_EP) or 'laplace'")
         if self.hyp_prior is not None and self.method == "emep":
             raise ValueError("GPClassifier: hyp_prior is for ML-II; EM-EP maximises the evidence bound "
                              "without a prior")
@@ -4017,7 +4122,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             if len(kinds) > 1 or type(None) in kinds:
                 raise mixed()
         try:
-            check_classification_targets(y)
+            _named_errors("GPClassifier.fit", check_classification_targets, y)
             classes, idx = np.unique(y, return_inverse=True)
         except TypeError:
             raise mixed() from None
@@ -4038,7 +4143,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         for key in [k for k in vars(self) if k.endswith("_") and not k.startswith("_")]:
             delattr(self, key)                                # refit from a clean state
         self._check_params()
-        X, y = validate_data(self, X, y, dtype=np.float64, order="C", copy=True)  # the model owns X
+        X, y = _named_errors("GPClassifier.fit", validate_data, self, X, y, dtype=np.float64, order="C",
+                             copy=True)                   # the model owns X
         self.classes_, idx = self._labels(y)
         C = self.classes_.shape[0]
         d = X.shape[1]
@@ -4047,7 +4153,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         # K&G's covariance for their models (EM-EP, multi-class EP): its latent noise t2 keeps the
         # covariance of the difference latents positive definite (with 'se' at n = 300 it is not)
         kernel = (self.kernel if self.kernel is not None else
-                  "kg" if method == "emep" or (multiclass and method == "ep") else "se")
+                  "kg" if method == "emep" or (multiclass and method == "ep") or self.likelihood == "step"
+                  else "se")
         if self.likelihood is not None:
             likelihood = self.likelihood
         else:   # multi-class EP is K&G's model on difference latents: the step is its likelihood
@@ -4068,10 +4175,20 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             if method != "laplace" and not self.shared_hyp:
                 raise ValueError("GPClassifier.fit: multi-class EP has one covariance function for all "
                                  "classes (K&G 38): shared_hyp must be True")
-        discrete = discrete_flags(self.discrete, d)
+        discrete = _named_errors("GPClassifier.fit", discrete_flags, self.discrete, d)
         per_class = multiclass and method == "laplace" and not self.shared_hyp
         y_t = one_hot(idx, C) if multiclass else np.where(idx == 1, 1.0, -1.0)
         rng, seed = self._random()
+        if method == "emep" and self.optimize and (self.log_hyp is None or self.bounds is None):
+            cont = np.ones(d, bool) if discrete is None else ~discrete   # the discrete inputs have no unit
+            sd = np.std(X[:, cont], axis=0) if np.any(cont) else np.ones(1)
+            if np.any(sd < 0.1) or np.any(sd > 10.0):
+                warnings.warn("GPClassifier.fit: EM-EP starts from K&G's hyperparameters for standardised "
+                              "inputs (their footnote 11; its default bounds are absolute too), but the "
+                              f"standard deviations of the inputs range from {sd.min():.3g} to {sd.max():.3g}: "
+                              "the fit depends on the unit of X. Standardise X (make_pipeline(StandardScaler(), "
+                              "GPClassifier(method='emep'))) or give log_hyp and bounds", RuntimeWarning,
+                              stacklevel=2)
         if self.log_hyp is None:
             # ML-II starts from the data (data_log_hyp); EM-EP from K&G's start (footnote 11),
             # which measured as close to the best log Z_EP (benchmarks/bench_ml2_starts.py)
@@ -4086,9 +4203,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             if h0.shape[0] != C:
                 raise ValueError(f"GPClassifier.fit: log_hyp for shared_hyp=False must have one row per "
                                  f"class ({C}), got shape {h0.shape}")
-            h0 = np.stack([_check_log_hyp(h, kernel, d) for h in h0])
+            h0 = np.stack([_named_errors("GPClassifier.fit", _check_log_hyp, h, kernel, d) for h in h0])
         else:
-            h0 = _check_log_hyp(self.log_hyp, kernel, d)
+            h0 = _named_errors("GPClassifier.fit", _check_log_hyp, self.log_hyp, kernel, d)
         eps = float(self.eps)
         emep = None
         res = None
@@ -4141,7 +4258,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             K = np.stack([kernel_matrix(kernel, X, X, h, discrete) for h in class_hyp])
         else:
             K = kernel_matrix(kernel, X, X, log_hyp, discrete)
-        _warn_not_converged(res, "GPClassifier.fit")
+        _warn_not_converged(res, "GPClassifier.fit", None if multiclass else K, likelihood)
         if emep is not None and not emep.converged:
             warnings.warn(f"GPClassifier.fit: EM-EP did not converge in {emep.n_iter} rounds "
                           f"(tol {self.tol}); the last hyperparameters are used", RuntimeWarning,
@@ -4197,11 +4314,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
         check_is_fitted(self, "log_hyp_")
 
-    def _X_test(self, X):
+    def _X_test(self, X, where):
         from sklearn.utils.validation import validate_data
 
         self._check_fitted()
-        X = validate_data(self, X, reset=False, dtype=np.float64, order="C")
+        X = _named_errors(where, validate_data, self, X, reset=False, dtype=np.float64, order="C")
         return X if X.flags.writeable else X.copy()
 
     def predict_latent(self, X):
@@ -4211,13 +4328,16 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Multi-class: means (3.41; K&G 51), shape (m, C), and covariances
         (3.43), (m, C, C).
         """
-        _, f_bar, V = self._predict(X, "average")
+        return self._latent(X, "GPClassifier.predict_latent")
+
+    def _latent(self, X, where):
+        _, f_bar, V = self._predict(X, "average", where)
         if self.multiclass_:
             return f_bar.T.copy(), V
         return f_bar, V
 
-    def _predict(self, X, rule):
-        X = self._X_test(X)
+    def _predict(self, X, rule, where):
+        X = self._X_test(X, where)
         disc = self.discrete_
         # the arguments below were built and checked by fit and _X_test: the calls skip the
         # checks of the public entries (which would factorise K again, once per class)
@@ -4261,24 +4381,28 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         (Algorithm 3.4) with n_samples samples, seeded by random_state.
         Multi-class EP: the orthant probabilities of K&G eq. 50.
         """
-        _check_choice(rule, "rule", ("average", "map", "mackay"))
+        return self._proba(X, rule, "GPClassifier.predict_proba")
+
+    def _proba(self, X, rule, where):
+        _check_choice(rule, "rule", ("average", "map", "mackay"), where)
         self._check_fitted()
         if self.multiclass_:
             if rule != "average":
-                raise ValueError("rule must be 'average' for a multi-class model")
-            p, _, _ = self._predict(X, rule)
+                raise ValueError(f"{where}: rule must be 'average' for a multi-class model, got {rule!r}")
+            p, _, _ = self._predict(X, rule, where)
             return p.T.copy()
         if rule == "mackay" and self.likelihood_ != "logistic":
-            raise ValueError("rule 'mackay' is for the logistic likelihood")
-        p, _, _ = self._predict(X, rule)
+            raise ValueError(f"{where}: rule 'mackay' is for the logistic likelihood, got likelihood "
+                             f"{self.likelihood_!r}")
+        p, _, _ = self._predict(X, rule, where)
         return np.column_stack([1.0 - p, p])
 
     def predict(self, X):
         """Most probable class of each row of X (the same for all rules, section 3.4.2)."""
         self._check_fitted()
         if self.multiclass_:
-            return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
-        f_bar, _ = self.predict_latent(X)
+            return self.classes_[np.argmax(self._proba(X, "average", "GPClassifier.predict"), axis=1)]
+        f_bar, _ = self._latent(X, "GPClassifier.predict")
         return self.classes_[(f_bar > 0).astype(int)]
 
     def log_marginal_likelihood(self, log_hyp=None, eval_gradient=False):
@@ -4288,9 +4412,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if log_hyp is None:
             h = self.log_hyp_
         elif self.log_hyp_.ndim == 2:
-            h = np.stack([_check_log_hyp(r, self.kernel_, d) for r in np.asarray(log_hyp, dtype=float)])
+            h = np.stack([_named_errors("GPClassifier.log_marginal_likelihood", _check_log_hyp, r, self.kernel_, d)
+                          for r in np.asarray(log_hyp, dtype=float)])
         else:
-            h = _check_log_hyp(log_hyp, self.kernel_, d)
+            h = _named_errors("GPClassifier.log_marginal_likelihood", _check_log_hyp, log_hyp, self.kernel_, d)
         v, g, _, _ = evidence(self.X_train_, self.y_train_, self._class_hyp(h), self.kernel_,
                               self.likelihood_, self.method, None, eval_gradient, self.discrete_,
                               self.eps_)
@@ -4464,8 +4589,9 @@ def information_bits_multiclass(P, y_test, y_train):
     predicts the training class frequencies (3.76). log2 C is perfect,
     confident classification for balanced classes; 0 is no better than the
     base line. A test case given probability 0 for its class gives -inf.
-    Refused with a ValueError: empty input, and a class of y_test that
-    y_train lacks (the base line would give it probability 0).
+    Refused with a ValueError: empty input, rows of P that do not sum to 1,
+    and a class of y_test that y_train lacks (the base line would give it
+    probability 0).
     """
     P = np.asarray(P, dtype=float)
     yt = np.asarray(y_test)
@@ -4480,6 +4606,10 @@ def information_bits_multiclass(P, y_test, y_train):
             raise ValueError(f"information_bits_multiclass: {name} must be class indices 0..{C - 1}")
     if np.any((P < 0) | (P > 1)) or not np.all(np.isfinite(P)):
         raise ValueError("information_bits_multiclass: P must be probabilities in [0, 1]")
+    bad = np.flatnonzero(np.abs(P.sum(axis=1) - 1.0) > 1e-6)
+    if bad.size:
+        raise ValueError(f"information_bits_multiclass: each row of P must sum to 1 (the class "
+                         f"probabilities of one test case), got {P[bad[0]].sum():.6g} in row {bad[0]}")
     q = np.bincount(ytr, minlength=C) / ytr.shape[0]
     f = np.bincount(yt, minlength=C) / yt.shape[0]
     missing = np.flatnonzero((f > 0) & (q == 0))
@@ -4581,7 +4711,7 @@ def cross_validate(X, y, method="laplace", likelihood="probit", n_folds=10, seed
     if not isinstance(n_folds, (int, np.integer)) or not 2 <= n_folds <= n:
         raise ValueError(f"cross_validate: n_folds must be an integer from 2 to the number of samples ({n}), got {n_folds!r}")
     h0 = (np.array([0.5 * np.log(X.shape[1]), 1.0]) if log_hyp0 is None
-          else _check_log_hyp(log_hyp0, "se", X.shape[1], "log_hyp0"))
+          else _named_errors("cross_validate", _check_log_hyp, log_hyp0, "se", X.shape[1], "log_hyp0"))
     folds = np.array_split(np.random.default_rng(seed).permutation(n), n_folds)
     args = [(X, y_pm, test, method, likelihood, h0, max_iter) for test in folds]
     if executor is None:

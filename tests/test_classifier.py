@@ -268,3 +268,91 @@ def test_data_log_hyp_follows_distances_and_balance():
     h = gpclab.data_log_hyp("kg", X, [0, 0, 0, 1])
     assert np.exp(h[0]) == pytest.approx(4 * (1 + norm.ppf(0.75) ** 2))
     assert h.shape == (4,) and np.exp(-h[3]) == pytest.approx(np.median([1, 3, 7, 2, 6, 4]) ** 2)
+
+
+# --- EP with the step likelihood on the book's data; EM-EP's covariance and units ---------
+
+@pytest.mark.parametrize("seed", range(5))
+def test_ep_with_the_step_fits_the_books_data(seed):
+    """K&G's model, the step with K&G's covariance (its latent noise t2 is the step's noise), is
+    the default for the step: it fits every draw without a warning, and its evidence is at
+    least that of the probit model with the SE covariance, a model it contains (t1 -> 0)."""
+    import warnings
+    X, y = gpclab.make_three_gaussians(seed=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = gpclab.GPClassifier(method="ep", likelihood="step").fit(X, y)
+    assert m.kernel_ == "kg" and m.converged_ and m.result_.converged
+    probit = gpclab.GPClassifier(method="ep").fit(X, y)
+    assert m.log_marginal_likelihood_ > probit.log_marginal_likelihood_ - 1e-3
+    assert m.score(X, y) > 0.8
+
+
+def test_step_with_latent_noise_is_the_probit_model():
+    """ep on K + t2 I with the step equals ep on K / t2 with the probit likelihood (f + N(0, t2))."""
+    X, y = gpclab.make_three_gaussians(seed=0)
+    h = np.log([4.0, 0.3, 0.5, 0.2])               # t0, t1, t2, l
+    K = gpclab.kernel_matrix("kg", X, X, h)
+    step = gpclab.ep(K, y, likelihood="step")
+    probit = gpclab.ep((K - 0.5 * np.eye(len(y))) / 0.5, y)
+    assert step.converged and probit.converged
+    assert step.log_Z == pytest.approx(probit.log_Z, abs=1e-8)
+
+
+def test_ep_that_cycles_goes_on_damped_to_a_fixed_point():
+    """The step with eps > 0 is not log-concave: sequential EP cycles (seed 3), and evidence goes on
+    with damped sweeps. The result is a fixed point: one more plain sweep from its sites leaves
+    log Z_EP and the sites as they are."""
+    X, y = gpclab.make_three_gaussians(seed=3)
+    h = gpclab.data_log_hyp("se", X, y)
+    K = gpclab.kernel_matrix("se", X, X, h)
+    plain = gpclab.ep(K, y, likelihood="step", eps=0.05)
+    assert not plain.converged                     # what the damping is for
+    v, g, res, _ = gpclab.evidence(X, y, h, "se", "step", "ep", eps=0.05)
+    assert res.converged and res.n_sweeps > 100 and v == res.log_Z
+    again = gpclab.ep(K, y, res.nu_tilde, res.tau_tilde, max_sweeps=1, likelihood="step", eps=0.05)
+    assert again.log_Z == pytest.approx(v, abs=1e-6)
+    np.testing.assert_allclose(again.tau_tilde, res.tau_tilde, rtol=1e-3, atol=1e-6)
+
+
+def test_ep_that_converges_is_left_as_it_is():
+    X, y = gpclab.make_three_gaussians(seed=0)
+    h = np.array([0.9, 1.5])
+    v, g, res, _ = gpclab.evidence(X, y, h, "se", "probit", "ep")
+    direct = gpclab.ep(gpclab.kernel_matrix("se", X, X, h), y)
+    assert res.converged and res.n_sweeps == direct.n_sweeps <= 100
+    assert v == direct.log_Z
+
+
+def test_step_without_noise_says_what_failed():
+    """Noise-free step, SE covariance, overlapping classes: sites pinned at EP's precision cap,
+    no fixed point even damped; the warning says so and what to use instead."""
+    X, y = gpclab.make_three_gaussians(seed=4)
+    h = gpclab.data_log_hyp("se", X, y)
+    with pytest.warns(RuntimeWarning, match=r"(?s)EP did not converge in 400 sweeps, the last 300 damped.*"
+                                            r"largest precision EP allows.*Use kernel 'kg'"):
+        gpclab.GPClassifier(method="ep", likelihood="step", kernel="se", log_hyp=h, optimize=False).fit(X, y)
+
+
+def test_ml2_holds_the_scale_of_K_for_the_step():
+    """The step sees only the sign of f: log sf ('se') is held at its start, the flat direction."""
+    X, y = gpclab.make_three_gaussians(seed=2)
+    h0 = gpclab.data_log_hyp("se", X, y)
+    h, v, res = gpclab.ml2(X, y, h0, likelihood="step", method="ep")
+    assert h[1] == h0[1] and h[0] != h0[0]
+    K = gpclab.kernel_matrix("se", X, X, h)
+    assert gpclab.ep(K * 7.0, y, likelihood="step").log_Z == pytest.approx(v, abs=1e-6)
+
+
+@pytest.mark.parametrize("kernel", ["se", "ard"])
+def test_emep_refuses_a_covariance_without_latent_noise(kernel):
+    X, y = gpclab.make_three_gaussians(seed=0)
+    with pytest.raises(ValueError, match=r"GPClassifier: method 'emep' needs kernel 'kg' or 'kg_iso'.*"
+                                         r"use method 'ep'"):
+        gpclab.GPClassifier(method="emep", kernel=kernel).fit(X, y)
+
+
+def test_emep_warns_about_inputs_in_raw_units():
+    X, y = small_problem(12, n=30)
+    with pytest.warns(RuntimeWarning, match="EM-EP starts from K&G's hyperparameters for standardised"):
+        gpclab.GPClassifier(method="emep", max_iter=2).fit(1e3 * X, y)

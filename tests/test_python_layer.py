@@ -36,6 +36,7 @@ def test_information_bits_refuses_what_it_cannot_define(args, match):
 @pytest.mark.parametrize("P,yt,ytr,match", [
     (np.zeros((0, 3)), np.zeros(0, int), np.array([0, 1, 2]), "P, y_test and y_train must not be empty"),
     (np.full((2, 3), 1 / 3), np.array([0, 2]), np.array([0, 1, 1]), r"y_test holds class\(es\) \[2\] that y_train lacks"),
+    (np.full((2, 3), 0.5), np.array([0, 1]), np.array([0, 1, 2]), r"each row of P must sum to 1 .* got 1.5 in row 0"),
 ])
 def test_information_bits_multiclass_refuses_what_it_cannot_define(P, yt, ytr, match):
     with pytest.raises(ValueError, match="information_bits_multiclass: " + match):
@@ -120,6 +121,7 @@ def _binary(n=12):
     (lambda X, y: gpclab.cross_validate(X, y[:-1]), ValueError, "cross_validate: X and y must have the same"),
     (lambda X, y: gpclab.cross_validate(X, np.ones_like(y)), ValueError, "cross_validate: y must contain exactly two"),
     (lambda X, y: gpclab.cross_validate(X, y, method="emep"), ValueError, "cross_validate: method must be one of"),
+    (lambda X, y: gpclab.cross_validate(X, y, log_hyp0=[np.nan, 0.0]), ValueError, "cross_validate: log_hyp0 must be finite"),
     (lambda X, y: gpclab.evidence_grid(X, y, [0.0], [0.0], method="vb", progress=False), ValueError,
      "evidence_grid: method must be one of"),
     (lambda X, y: gpclab.evidence_grid(X[:, 0], y, [0.0], [0.0], progress=False), ValueError,

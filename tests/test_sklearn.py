@@ -254,3 +254,40 @@ def test_ml2_refuses_one_class(y):
     X = np.random.default_rng(0).standard_normal((len(y), 2))
     with pytest.raises(ValueError, match="ml2: y must hold at least two classes"):
         gpclab.ml2(X, y, [0.0, 0.0])
+
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda m, X: m.predict(X[:, :1]), ValueError, "GPClassifier.predict: X has 1 features, but GPClassifier is expecting 2"),
+    (lambda m, X: m.predict_proba(np.full((2, 2), np.nan)), ValueError, "GPClassifier.predict_proba: Input X contains NaN"),
+    (lambda m, X: m.predict_proba(X, rule="mean"), ValueError, "GPClassifier.predict_proba: rule must be one of"),
+    (lambda m, X: m.predict_latent(X[:, 0]), ValueError, "GPClassifier.predict_latent: Expected 2D array"),
+    (lambda m, X: m.log_marginal_likelihood([0.0, 1.0, 2.0]), ValueError,
+     "GPClassifier.log_marginal_likelihood: log_hyp for kernel 'se' on 2 inputs must have length 2"),
+    (lambda m, X: GPClassifier(log_hyp=[0.0, 1.0, 2.0]).fit(X, m.classes_[[0, 1] * 20]), ValueError,
+     "GPClassifier.fit: log_hyp for kernel 'se'"),
+    (lambda m, X: GPClassifier(discrete=[7]).fit(X, m.classes_[[0, 1] * 20]), ValueError,
+     "GPClassifier.fit: discrete has a column index out of range"),
+    (lambda m, X: GPClassifier().fit(X, m.classes_[[0, 1] * 19]), ValueError,
+     "GPClassifier.fit: Found input variables with inconsistent numbers of samples"),
+    (lambda m, X: GPClassifier().fit(np.where(X > 1, np.inf, X), m.classes_[[0, 1] * 20]), ValueError,
+     "GPClassifier.fit: Input X contains infinity"),
+    (lambda m, X: GPClassifier(method="emep", kernel="se").fit(X, m.classes_[[0, 1] * 20]), ValueError,
+     "GPClassifier: method 'emep' needs kernel 'kg' or 'kg_iso'"),
+])
+def test_errors_name_the_method_called(call, exc, match):
+    """scikit-learn's own messages (which its checks match) with the method called in front."""
+    X, y = _data(40)
+    m = GPClassifier(max_iter=5).fit(X, y)
+    with pytest.raises(exc, match=match):
+        call(m, X)
+
+
+def test_voting_classifier_averages_the_probabilities():
+    from sklearn.ensemble import VotingClassifier
+    from sklearn.linear_model import LogisticRegression
+    X, y = _data(50)
+    members = [("laplace", GPClassifier(max_iter=10)), ("ep", GPClassifier(method="ep", max_iter=10)),
+               ("lr", LogisticRegression())]
+    vote = VotingClassifier(members, voting="soft").fit(X, y)
+    by_hand = np.mean([clone(e).fit(X, y).predict_proba(X) for _, e in members], axis=0)
+    np.testing.assert_allclose(vote.predict_proba(X), by_hand, rtol=1e-10)
