@@ -3551,6 +3551,25 @@ def default_bounds(kernel, d, X=None):
     return [(-10.0, np.log(1e5)), (-15.0, np.log(1e5))] + [w] * d
 
 
+def _emep_unit_shift(kernel, X, discrete=None):
+    """What to add to K&G's log_hyp for standardised inputs (default_log_hyp, default_bounds) to
+    put it in the unit of X: -log var_m on the inverse squared length-scale w_m of each
+    continuous input ('kg'; 'kg_iso': -log of their mean variance), 0 elsewhere. On standardised
+    inputs it is 0; with x_m scaled by c, w_m scales by 1/c^2 and K, hence the fit, is unchanged.
+    Discrete inputs (K&G 14) and constant ones keep K&G's value."""
+    d = X.shape[1]
+    cont = np.ones(d, bool) if discrete is None else ~np.asarray(discrete, bool)
+    var = np.var(X, axis=0)
+    ok = cont & (var > 0)
+    p = len(default_log_hyp(kernel, X))
+    shift = np.zeros(p)
+    if kernel == "kg":
+        shift[3:][ok] = -np.log(var[ok])
+    elif kernel == "kg_iso" and np.any(ok):
+        shift[3] = -np.log(np.mean(var[ok]))
+    return shift
+
+
 def _length_scale_index(kernel, d):
     """Positions of the length-scale parameters in a log_hyp of `kernel` on d inputs."""
     return {"se": [0], "ard": list(range(2, 2 + d)), "kg": list(range(3, 3 + d)),
@@ -3939,10 +3958,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Box bounds for ML-II or the M-step in log space, one pair per
         log-hyperparameter. Default: default_bounds(kernel, d, X), whose
         length-scale bounds follow the spread of X (so that the fit does not
-        depend on the unit of X); for EM-EP, whose start is K&G's for
-        standardised inputs, default_bounds(kernel, d): EM-EP's fit depends on
-        the unit of X, and fit warns when a column's standard deviation is
-        outside [0.1, 10] (standardise X, e.g. StandardScaler in a Pipeline).
+        depend on the unit of X); for EM-EP, K&G's start and bounds for
+        standardised inputs (default_log_hyp, default_bounds(kernel, d)) with
+        each inverse squared length-scale divided by its input's variance
+        (_emep_unit_shift): the same start on standardised inputs, and a fit
+        that does not depend on the unit of X.
     n_restarts : int
         Extra ML-II or EM-EP runs from random starts, normal with sd 1 in log
         space around the start and within `bounds`; the one of largest
@@ -4179,21 +4199,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         per_class = multiclass and method == "laplace" and not self.shared_hyp
         y_t = one_hot(idx, C) if multiclass else np.where(idx == 1, 1.0, -1.0)
         rng, seed = self._random()
-        if method == "emep" and self.optimize and (self.log_hyp is None or self.bounds is None):
-            cont = np.ones(d, bool) if discrete is None else ~discrete   # the discrete inputs have no unit
-            sd = np.std(X[:, cont], axis=0) if np.any(cont) else np.ones(1)
-            if np.any(sd < 0.1) or np.any(sd > 10.0):
-                warnings.warn("GPClassifier.fit: EM-EP starts from K&G's hyperparameters for standardised "
-                              "inputs (their footnote 11; its default bounds are absolute too), but the "
-                              f"standard deviations of the inputs range from {sd.min():.3g} to {sd.max():.3g}: "
-                              "the fit depends on the unit of X. Standardise X (make_pipeline(StandardScaler(), "
-                              "GPClassifier(method='emep'))) or give log_hyp and bounds", RuntimeWarning,
-                              stacklevel=2)
+        # EM-EP starts from K&G's hyperparameters for standardised inputs (footnote 11), in X's unit
+        unit = _emep_unit_shift(kernel, X, discrete) if method == "emep" else 0.0
         if self.log_hyp is None:
             # ML-II starts from the data (data_log_hyp); EM-EP from K&G's start (footnote 11),
             # which measured as close to the best log Z_EP (benchmarks/bench_ml2_starts.py)
             h0 = (data_log_hyp(kernel, X, idx) if self.optimize and method != "emep"
-                  else default_log_hyp(kernel, X))
+                  else default_log_hyp(kernel, X) + unit)
             if per_class:
                 h0 = np.tile(h0, (C, 1))
         elif per_class:
@@ -4214,8 +4226,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if self.optimize:
             if self.bounds is not None:
                 bounds = self._checked_bounds(kernel, d)
-            else:   # EM-EP keeps K&G's absolute bounds with their absolute start (default_log_hyp)
-                bounds = default_bounds(kernel, d, None if method == "emep" else X)
+            elif method == "emep":   # K&G's bounds for standardised inputs, in X's unit like the start
+                bounds = [(lo + u, hi + u) for (lo, hi), u in zip(default_bounds(kernel, d), unit)]
+            else:
+                bounds = default_bounds(kernel, d, X)
 
             def run(start):
                 if method == "emep":

@@ -352,7 +352,15 @@ def test_emep_refuses_a_covariance_without_latent_noise(kernel):
         gpclab.GPClassifier(method="emep", kernel=kernel).fit(X, y)
 
 
-def test_emep_warns_about_inputs_in_raw_units():
-    X, y = small_problem(12, n=30)
-    with pytest.warns(RuntimeWarning, match="EM-EP starts from K&G's hyperparameters for standardised"):
-        gpclab.GPClassifier(method="emep", max_iter=2).fit(1e3 * X, y)
+def test_emep_start_and_bounds_follow_the_unit_of_x():
+    """K&G's start for standardised inputs, in the unit of each input: unchanged on standardised
+    inputs, each w_m divided by its input's variance otherwise (a discrete input keeps K&G's)."""
+    X, _ = small_problem(12, n=30)
+    Z = (X - X.mean(0)) / X.std(0)
+    np.testing.assert_allclose(gpclab._emep_unit_shift("kg", Z), 0.0, atol=1e-12)
+    raw = X * np.array([1e3, 1e-2])
+    shift = gpclab._emep_unit_shift("kg", raw)
+    np.testing.assert_allclose(shift[3:], -np.log(raw.var(0)))
+    assert np.all(shift[:3] == 0.0)
+    assert gpclab._emep_unit_shift("kg", raw, np.array([True, False]))[3] == 0.0
+    np.testing.assert_allclose(gpclab._emep_unit_shift("kg_iso", raw)[3], -np.log(raw.var(0).mean()))
