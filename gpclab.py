@@ -5633,7 +5633,9 @@ def slider_figure(draw, sliders, columns=3):
     the sliders; moving a slider calls draw again and replaces that image in place (IPython's display
     update). sliders: a dict name -> ipywidgets slider. Returns (result at the initial values, the
     widget box, a list that collects each redraw's seconds: computation, drawing and the PNG). Nothing
-    else is drawn: no stray figure.
+    else is drawn: no stray figure. The first image is cropped to its tight bounding box; redraws keep
+    that box, which spares matplotlib the extra drawing pass that finding it costs (about a third of
+    a redraw) and keeps the image from jumping as titles change length.
     """
     import io
     import time
@@ -5642,11 +5644,15 @@ def slider_figure(draw, sliders, columns=3):
     import matplotlib.pyplot as plt
     from IPython.display import Image, display
 
+    crop = []                                   # the first image's bounding box, in inches
+
     def render():
         t0 = time.perf_counter()
         fig, result = draw(**{name: s.value for name, s in sliders.items()})
+        if not crop:
+            crop.append(fig.get_tightbbox().padded(0.1))
         buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+        fig.savefig(buf, format="png", dpi=90, bbox_inches=crop[0])
         plt.close(fig)
         return Image(data=buf.getvalue(), format="png"), result, t0
 
