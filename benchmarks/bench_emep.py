@@ -184,7 +184,8 @@ def part_cv(sets, data_dir, folds, out=None, max_folds=None):
         results[name] = cross_validate(name, data_dir, folds, max_folds)
         if out:                                   # after each data set, so that a long run keeps what it has
             write_csv(out, results, folds)
-    print(f"\nK&G Tables 4, 5, 7: {folds}-fold cross-validated error rate, mean +/- standard error")
+    run = f" (the first {max_folds} folds)" if max_folds else ""
+    print(f"\nK&G Tables 4, 5, 7: {folds}-fold cross-validated error rate{run}, mean +/- standard error")
     print(f"{'data set':>11} {'table':>5} {'n':>4} {'d':>3} {'J':>2} | {'GPC-EP(s,soft)':>15} {'K&G':>15} | "
           f"{'GPC-EP(m,soft)':>15} {'K&G':>15} | {'EM rounds':>9} {'time':>7}")
     for name, r in results.items():
