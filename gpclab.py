@@ -1195,6 +1195,8 @@ def _antithetic_average(mu_star, Sigma_star, S, seed):
     np.random.seed(seed)
     Z = np.empty((C, pairs))                                  # (C, S/2) standard normal
     for i in range(pairs):
+        if i % 4096 == 0:
+            check_interrupt()
         for c in range(C):
             Z[c, i] = np.random.standard_normal()
     pi_bar_star = np.zeros((C, m))
@@ -1206,6 +1208,7 @@ def _antithetic_average(mu_star, Sigma_star, S, seed):
         Lj = _cholesky_psd(Sigma_star[j])
         D[:] = 0.0
         for c in range(C):                                    # d = L z for all pairs at once
+            check_interrupt()
             for k in range(c + 1):
                 l_ck = Lj[c, k]
                 for i in range(pairs):
@@ -3331,51 +3334,6 @@ _LIKELIHOODS = ("logistic", "probit", "step")
 _METHODS = ("laplace", "ep", "emep")
 
 
-def _as_2d_float(X, name, where=None):
-    """X as a C-contiguous float (n, d) array; ValueError naming `where` and `name` otherwise."""
-    w = f"{where}: " if where else ""
-    try:
-        A = np.asarray(X, dtype=float)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{w}{name} must be numeric, got {type(X).__name__}: {e}") from None
-    if A.ndim == 1:
-        raise ValueError(f"{w}{name} must be 2-D of shape (n_samples, n_features), got shape "
-                         f"{A.shape}; use {name}.reshape(-1, 1) for a single feature")
-    if A.ndim != 2:
-        raise ValueError(f"{w}{name} must be 2-D of shape (n_samples, n_features), got shape {A.shape}")
-    if A.shape[0] == 0 or A.shape[1] == 0:
-        raise ValueError(f"{w}{name} must not be empty, got shape {A.shape}")
-    bad = ~np.isfinite(A)
-    if bad.any():
-        i, j = np.argwhere(bad)[0]
-        raise ValueError(f"{w}{name} must be finite, got {A[i, j]} at row {i}, column {j}")
-    return np.ascontiguousarray(A)
-
-
-def _check_choice(value, name, choices, where=None):
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{where + ': ' if where else ''}{name} must be one of "
-                         f"{', '.join(map(repr, choices))}, got {value!r}")
-    return value
-
-
-def _check_log_hyp(log_hyp, kernel, d, name="log_hyp"):
-    h = np.asarray(log_hyp, dtype=float).ravel()
-    p = n_hyp(kernel, d)
-    if h.shape[0] != p:
-        what = {"se": "(log l, log sf)", "ard": "(log v0, log v1, log w_1, ..., log w_d)",
-                "kg": "(log t0, log t1, log t2, log l_1, ..., log l_d)",
-                "kg_iso": "(log t0, log t1, log t2, log l)"}[kernel]
-        raise ValueError(f"{name} for kernel {kernel!r} on {d} inputs must have length {p} "
-                         f"{what}, got length {h.shape[0]}")
-    if not np.all(np.isfinite(h)):
-        raise ValueError(f"{name} must be finite, got {h}")
-    if np.any(np.abs(h) > _LOG_HYP_MAX):
-        raise ValueError(f"{name} holds {h[np.abs(h) > _LOG_HYP_MAX][0]:g}: log-hyperparameters beyond "
-                         f"+-{_LOG_HYP_MAX:g} overflow the covariance")
-    return np.ascontiguousarray(h)
-
-
 def discrete_flags(discrete, d, name="discrete"):
     """The discrete inputs (K&G 14) as a boolean (d,) array, or None if there are none.
 
@@ -3545,17 +3503,13 @@ def _length_scale_index(kernel, d):
             "kg_iso": [3]}[kernel]
 
 
-def _mode_or_raise(K, y, likelihood, a_init=None):
-    """laplace_mode with numba's linear-algebra error turned into a message about K."""
+def _mode_or_raise(K, y, likelihood, a_init=None, where="laplace_evidence"):
+    """laplace_mode on a K built here (unchecked), a failed Cholesky factor named by
+    _factorisation_failed."""
     try:
         return laplace_mode.unchecked(K, y, likelihood, a_init)
-    except np.linalg.LinAlgError:
-        lam = np.linalg.eigvalsh(K)[[0, -1]]
-        why = (f"K is not positive semidefinite in floating point (eigenvalues from {lam[0]:.3g} "
-               f"to {lam[1]:.3g}: rounding errors of K exceed its smallest eigenvalues; lower the "
-               "signal variance or add jitter to the diagonal of K)" if lam[0] < 0 else
-               "check the covariance function and its hyperparameters")
-        raise ValueError("B = I + W^1/2 K W^1/2 has no Cholesky factor: " + why) from None
+    except np.linalg.LinAlgError as e:
+        raise _factorisation_failed(where, "laplace_mode", e, [("K", K)]) from None
 
 
 @public(kernel="{se,ard,kg,kg_iso}", likelihood="{logistic,probit}", X="X", y="(n,) pm1 nonempty", log_hyp="(p,) loghyp",
@@ -3587,9 +3541,8 @@ def multiclass_evidence(X, Y, log_hyp, kernel="se", a_init=None, eval_gradient=T
     K = np.stack([kernel_matrix(kernel, X, X, h, discrete) for h in log_hyp])
     try:
         mode = laplace_mode_multiclass.unchecked(K, Y, a_init)
-    except np.linalg.LinAlgError:
-        raise ValueError("K is not positive semidefinite: a Cholesky factor of Algorithm 3.3 "
-                         "failed; check the covariance function and its hyperparameters") from None
+    except np.linalg.LinAlgError as e:
+        raise _factorisation_failed("multiclass_evidence", "laplace_mode_multiclass", e, [("K", K)]) from None
     grad = None
     if eval_gradient:
         grad = laplace_log_q_grad_multiclass.unchecked(K, X, kernel, log_hyp, Y, mode.f_hat, mode.a,
@@ -4335,10 +4288,6 @@ def exact_log_evidence_probit(K, y, releps=1e-5, abseps=1e-14, maxpts=None):
     return float(np.log(p))
 
 
-_NOT_PSD_EP = ("K is not positive semidefinite: B = I + S^1/2 K S^1/2 has no Cholesky factor; "
-               "check the covariance function and its hyperparameters")
-
-
 @public(kernel="{se,ard,kg,kg_iso}", likelihood="{probit,step}", X="X", y="(n,) pm1 nonempty", log_hyp="(p,) loghyp",
         eval_gradient="bool", discrete="(d,) flags ?", eps="eps", tol="nonneg")
 def ep_evidence(X, y, log_hyp, kernel="se", sites=None, eval_gradient=True, discrete=None,
@@ -4353,9 +4302,9 @@ def ep_evidence(X, y, log_hyp, kernel="se", sites=None, eval_gradient=True, disc
     K = kernel_matrix(kernel, X, X, log_hyp, discrete)
     nu0, tau0 = (None, None) if sites is None else sites
     try:
-        res = ep.unchecked(K, y, nu0, tau0, tol, 100, "natural", 0, likelihood, eps)
-    except np.linalg.LinAlgError:
-        raise ValueError(_NOT_PSD_EP) from None
+        res = ep.unchecked(K, y, nu0, tau0, tol=tol, likelihood=likelihood, eps=eps)
+    except np.linalg.LinAlgError as e:
+        raise _factorisation_failed("ep_evidence", "ep", e, [("K", K)]) from None
     _warn_skipped(res, "ep_evidence")
     grad = None
     if eval_gradient:
@@ -4377,8 +4326,8 @@ def multiclass_ep_evidence(X, Y, log_hyp, kernel="kg", sites=None, eval_gradient
     nu0, tau0 = (None, None) if sites is None else sites
     try:
         res = ep_multiclass.unchecked(C, Y, nu0, tau0)
-    except np.linalg.LinAlgError:
-        raise ValueError(_NOT_PSD_EP) from None
+    except np.linalg.LinAlgError as e:
+        raise _factorisation_failed("multiclass_ep_evidence", "ep_multiclass", e, [("C", C)]) from None
     grad = None
     if eval_gradient:
         grad = em_ep_grad_multiclass.unchecked(C, Y, X, kernel, log_hyp, res.mu, res.Sigma, discrete)[1]
@@ -4561,7 +4510,7 @@ def cross_validate(X, y, method="laplace", likelihood="probit", n_folds=10, seed
     seed = _SCALARS["seed"](seed, "seed", ctx)
     max_iter = _SCALARS["count"](max_iter, "max_iter", ctx)
     _check_executor(executor, "cross_validate")
-    X = _as_2d_float(X, "X", "cross_validate")
+    X = _check("X", X, "X", "cross_validate")
     y_pm, _ = binary_labels(y, "y", "cross_validate")
     n = X.shape[0]
     if y_pm.shape[0] != n:
@@ -4569,7 +4518,7 @@ def cross_validate(X, y, method="laplace", likelihood="probit", n_folds=10, seed
     if not isinstance(n_folds, (int, np.integer)) or not 2 <= n_folds <= n:
         raise ValueError(f"cross_validate: n_folds must be an integer from 2 to the number of samples ({n}), got {n_folds!r}")
     h0 = (np.array([0.5 * np.log(X.shape[1]), 1.0]) if log_hyp0 is None
-          else _check_log_hyp(log_hyp0, "se", X.shape[1], "log_hyp0"))
+          else _check_log_hyp(log_hyp0, "se", X.shape[1], "log_hyp0", "cross_validate"))
     folds = np.array_split(np.random.default_rng(seed).permutation(n), n_folds)
     args = [(X, y_pm, test, method, likelihood, h0, max_iter) for test in folds]
     if executor is None:
@@ -4590,7 +4539,8 @@ def _progress(iterable, total, progress, desc):
     return tqdm(iterable, total=total, desc=desc)
 
 
-@public(n_samples="count", seed="seed", progress="bool")
+@public(X="X", kernel="{se}", likelihood="{logistic,probit,step}", method="{laplace,ep,emep}",
+        n_samples="count", seed="seed", progress="bool")
 def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", method="laplace",
                   X_test=None, y_test=None, progress=True, n_samples=1000, seed=0, executor=None):
     """Approximate log evidence on a grid of (log l, log sf), for contour figures.
@@ -4620,13 +4570,9 @@ def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", met
     Workers run numba with one thread each. See the README, "Running grids
     on a cluster".
     """
-    _check_choice(kernel, "kernel", ("se",), "evidence_grid")
-    _check_choice(likelihood, "likelihood", _LIKELIHOODS, "evidence_grid")
-    _check_choice(method, "method", _METHODS, "evidence_grid")
     if method == "ep" and likelihood != "probit":
         raise ValueError(f"evidence_grid: method 'ep' needs likelihood 'probit', got likelihood={likelihood!r}")
     _check_executor(executor, "evidence_grid")
-    X = _as_2d_float(X, "X", "evidence_grid")
     idx, classes = class_labels(y, "y", "evidence_grid")
     C = classes.shape[0]
     multi = C > 2
@@ -4645,7 +4591,7 @@ def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", met
     if with_test:
         if X_test is None or y_test is None:
             raise ValueError("evidence_grid: X_test and y_test must be given together")
-        X_test = _as_2d_float(X_test, "X_test", "evidence_grid")
+        X_test = _check("X", X_test, "X_test", "evidence_grid")
         if X_test.shape[1] != X.shape[1]:
             raise ValueError(f"evidence_grid: X_test must have {X.shape[1]} features, got {X_test.shape[1]}")
         y_test = np.asarray(y_test)
@@ -4809,7 +4755,7 @@ def _evidence_grid_row(X, y_pm, idx, C, log_ell, kernel, likelihood, method, X_t
                 kss = kernel_diag.unchecked(kernel, X_test, h)
                 P, _, _ = laplace_predict_multiclass.unchecked(
                     np.stack([Kc] * C), y_pm, res.f_hat, np.stack([Ks] * C), np.stack([kss] * C),
-                    n_samples, seed, res.E, res.M, multiclass_G.unchecked(res.E, res.M))
+                    S=n_samples, seed=seed, E=res.E, M=res.M, G=multiclass_G.unchecked(res.E, res.M))
                 info[j] = information_bits_multiclass(P.T, yt_idx, idx)
                 err[j] = np.mean(np.argmax(P, axis=0) != yt_idx)
             elif X_test is not None:
@@ -4817,11 +4763,9 @@ def _evidence_grid_row(X, y_pm, idx, C, log_ell, kernel, likelihood, method, X_t
                 K_star = kernel_matrix.unchecked(kernel, X, X_test, h)
                 kss = kernel_diag.unchecked(kernel, X_test, h)
                 if method == "laplace":
-                    p, _, _ = laplace_predict.unchecked(res.f_hat, K, y_pm, likelihood, K_star, kss,
-                                                        "average", res.L)
+                    p, _, _ = laplace_predict.unchecked(res.f_hat, K, y_pm, likelihood, K_star, kss, L=res.L)
                 else:
-                    p, _, _ = ep_predict.unchecked(res.nu_tilde, res.tau_tilde, K, K_star, kss, res.L,
-                                                   "probit", 0.0)
+                    p, _, _ = ep_predict.unchecked(res.nu_tilde, res.tau_tilde, K, K_star, kss, L=res.L)
                 info[j] = information_bits(p, yt_pm, y_pm)
                 err[j] = np.mean(np.where(p > 0.5, 1.0, -1.0) != yt_pm)
     return (log_q, info, err, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)],
@@ -4847,8 +4791,8 @@ def _warn_acceptance(acc, where, what="HMC"):
                       RuntimeWarning, stacklevel=3)
 
 
-@public(kernel="{se,ard,kg,kg_iso}", likelihood="{logistic,probit}", n_samples="count", step="positive ?", n_leapfrog="count ?",
-        burn_in="count0", thin="count", seed="seed", sampler="{hmc,elliptical}")
+@public(X="X", kernel="{se,ard,kg,kg_iso}", log_hyp="(p,) loghyp", likelihood="{logistic,probit}", n_samples="count",
+        step="positive ?", n_leapfrog="count ?", burn_in="count0", thin="count", seed="seed", sampler="{hmc,elliptical}")
 def mcmc_posterior(X, y, log_hyp, X_test=None, kernel="se", likelihood="probit", n_samples=2000,
                    step=None, n_leapfrog=None, burn_in=200, thin=1, seed=0, sampler="hmc"):
     """Posterior latent samples by HMC and MCMC predictions (K&R section 6.1).
@@ -4865,13 +4809,10 @@ def mcmc_posterior(X, y, log_hyp, X_test=None, kernel="se", likelihood="probit",
     'elliptical' the dict holds 'evaluations' (likelihood evaluations per
     transition) instead of 'acceptance', and step and n_leapfrog are unused.
     """
-    X = _as_2d_float(X, "X", "mcmc_posterior")
     y_pm, classes = binary_labels(y, "y", "mcmc_posterior")
     if y_pm.shape[0] != X.shape[0]:
         raise ValueError(f"mcmc_posterior: X and y must have the same number of samples, got {X.shape[0]} and {y_pm.shape[0]}")
-    _check_choice(likelihood, "likelihood", _LIKELIHOODS, "mcmc_posterior")
-    h = _check_log_hyp(log_hyp, kernel, X.shape[1])
-    _check_choice(sampler, "sampler", ("hmc", "elliptical"), "mcmc_posterior")
+    h = log_hyp
     if sampler == "elliptical" and (step is not None or n_leapfrog is not None):
         raise ValueError("mcmc_posterior: step and n_leapfrog are for sampler 'hmc'; elliptical slice "
                          "sampling has no step size")
@@ -4885,7 +4826,7 @@ def mcmc_posterior(X, y, log_hyp, X_test=None, kernel="se", likelihood="probit",
         out = {"F": F, "acceptance": acc, "classes": classes, "ess": ess}
     K = K + 1e-8 * np.max(np.diag(K)) * np.eye(X.shape[0])  # the jitter the samplers used
     if X_test is not None:
-        X_test = _as_2d_float(X_test, "X_test", "mcmc_posterior")
+        X_test = _check("X", X_test, "X_test", "mcmc_posterior")
         p, _ = mcmc_predict(F, K, likelihood, kernel_matrix(kernel, X, X_test, h),
                             kernel_diag(kernel, X_test, h))
         out["p_test"] = p
@@ -4932,13 +4873,11 @@ def hmc_step_size(K, likelihood):
     autocorrelation time of a latent 2.8-5.5; a third of this step accepted
     0.97-1.00 with times up to 52.
     """
-    K = np.asarray(K, dtype=float)
-    _check_choice(likelihood, "likelihood", ("logistic", "probit"), "hmc_step_size")
     step, n_leapfrog = _auto_step(float(np.linalg.eigvalsh(K)[-1]), likelihood, 1.0)
     return float(step), int(n_leapfrog)
 
 
-@public(likelihood="{logistic,probit}", log_ell="grid", log_sf="grid", T="count",
+@public(X="X", likelihood="{logistic,probit}", log_ell="grid", log_sf="grid", T="count",
         R="count", n_leapfrog="count", seed="seed", progress="bool")
 def ais_grid(X, y, log_ell, log_sf, likelihood="probit", T=8000, R=3, step="auto", n_leapfrog=10,
              seed=0, progress=True, executor=None):
@@ -4962,7 +4901,6 @@ def ais_grid(X, y, log_ell, log_sf, likelihood="probit", T=8000, R=3, step="auto
     is seeded with seed + 1000 (i len(log_ell) + j).
     """
     _check_executor(executor, "ais_grid", parallel=True)
-    X = _as_2d_float(X, "X", "ais_grid")
     y_pm, _ = binary_labels(y, "y", "ais_grid")
     if y_pm.shape[0] != X.shape[0]:
         raise ValueError(f"ais_grid: X and y must have the same number of samples, got {X.shape[0]} and {y_pm.shape[0]}")
@@ -5003,8 +4941,8 @@ def _ais_grid_point(X, y_pm, likelihood, T, R, step, n_leapfrog, log_ell_j, log_
     return lz, se, acc, ess
 
 
-@public(kernel="{se,ard,kg,kg_iso}", likelihood="{logistic,probit}", n_iter="count", n_leapfrog="count", step="positive",
-        seed="seed", progress="bool")
+@public(X="X", kernel="{se,ard,kg,kg_iso}", likelihood="{logistic,probit}", n_iter="count", n_leapfrog="count",
+        step="positive", seed="seed", progress="bool")
 def hmc_hyperparameters(X, y, kernel="ard", likelihood="logistic", log_hyp0=None, n_iter=200,
                         n_leapfrog=20, step=0.1, prior=(-3.0, 3.0), seed=0, progress=False):
     """Samples of the log-hyperparameters by HMC (Williams & Barber section 3.2 and appendix D).
@@ -5017,17 +4955,14 @@ def hmc_hyperparameters(X, y, kernel="ard", likelihood="logistic", log_hyp0=None
     Returns a dict with 'samples' (n_iter, p) (every iteration; discard the
     first third as burn-in, as W&B do), 'log_q' and 'acceptance'.
     """
-    X = _as_2d_float(X, "X", "hmc_hyperparameters")
     y_pm, classes = binary_labels(y, "y", "hmc_hyperparameters")
     if y_pm.shape[0] != X.shape[0]:
         raise ValueError(f"hmc_hyperparameters: X and y must have the same number of samples, got {X.shape[0]} and {y_pm.shape[0]}")
-    _check_choice(kernel, "kernel", _KERNELS, "hmc_hyperparameters")
-    _check_choice(likelihood, "likelihood", _LIKELIHOODS, "hmc_hyperparameters")
     d = X.shape[1]
     if log_hyp0 is None:
         log_hyp0 = (np.concatenate([[0.0, prior[0]], np.full(d, -2.0)]) if kernel == "ard"
                     else np.zeros(2))
-    theta = _check_log_hyp(log_hyp0, kernel, d, "log_hyp0")
+    theta = _check_log_hyp(log_hyp0, kernel, d, "log_hyp0", "hmc_hyperparameters")
     if len(prior) != 2 or not (np.isfinite(prior[0]) and prior[1] > 0):
         raise ValueError(f"hmc_hyperparameters: prior must be (mean, sd) with sd > 0, got {prior!r}")
     m0, s0 = prior
@@ -5062,24 +4997,23 @@ def hmc_hyperparameters(X, y, kernel="ard", likelihood="logistic", log_hyp0=None
     return {"samples": samples, "log_q": log_qs, "acceptance": accepted / n_iter, "classes": classes}
 
 
-@public(kernel="{se,ard,kg,kg_iso}", likelihood="{logistic,probit}")
+@public(X="X", kernel="{se,ard,kg,kg_iso}", likelihood="{logistic,probit}")
 def predict_averaged(X, y, X_test, samples, kernel="ard", likelihood="logistic"):
     """Predictive probabilities of class classes_[1] averaged over hyperparameter samples (W&B eq. 7).
 
     Each sample gives Laplace's averaged prediction (Algorithm 3.2); the
     result is their mean, shape (m,).
     """
-    X = _as_2d_float(X, "X", "predict_averaged")
-    X_test = _as_2d_float(X_test, "X_test", "predict_averaged")
+    X_test = _check("X", X_test, "X_test", "predict_averaged")
     y_pm, _ = binary_labels(y, "y", "predict_averaged")
     samples = np.atleast_2d(np.asarray(samples, dtype=float))
     p = np.zeros(X_test.shape[0])
     for h in samples:
-        h = _check_log_hyp(h, kernel, X.shape[1], "samples")
+        h = _check_log_hyp(h, kernel, X.shape[1], "samples", "predict_averaged")
         K = kernel_matrix(kernel, X, X, h)
-        mode = _mode_or_raise(K, y_pm, likelihood)
-        pi, _, _ = laplace_predict(mode.f_hat, K, y_pm, likelihood, kernel_matrix(kernel, X, X_test, h),
-                                   kernel_diag(kernel, X_test, h), "average", mode.L)
+        mode = _mode_or_raise(K, y_pm, likelihood, where="predict_averaged")
+        pi, _, _ = laplace_predict.unchecked(mode.f_hat, K, y_pm, likelihood, kernel_matrix(kernel, X, X_test, h),
+                                             kernel_diag(kernel, X_test, h), L=mode.L)
         p += pi
     return p / samples.shape[0]
 
@@ -5835,7 +5769,7 @@ class _Context:
 
 
 def _fail(exc, ctx, name, message):
-    raise exc(f"{ctx.where}: {name} {message}")
+    raise exc(f"{ctx.where}: {name} {message}" if ctx.where else f"{name} {message}")
 
 
 def _scalar_number(value, name, ctx, integer):
@@ -6058,7 +5992,7 @@ def _zero_one_hint(a):
     return ""
 
 
-def _check_one_hot_py(a, name, ctx):
+def _check_one_hot(a, name, ctx):
     _values(lambda v: (v == 0) | (v == 1), "0 and 1 (one-hot)")(a, name, ctx)
     if a.shape[0] < 2:
         _fail(ValueError, ctx, name, f"must have at least 2 classes (rows), got shape {a.shape}")
@@ -6095,7 +6029,7 @@ _ARRAY_CHECKS = {
     "sym": _check_symmetric,
     "psd": _check_psd,
     "pm1": _values(lambda v: (v == 1) | (v == -1), "-1 and +1", _zero_one_hint),
-    "onehot": _check_one_hot_py,
+    "onehot": _check_one_hot,
     "nonneg": _values(lambda v: v >= 0, "values >= 0"),
     "positive": _values(lambda v: v > 0, "values > 0"),
     "unit": _values(lambda v: (v >= 0) & (v <= 1), "values in [0, 1]"),
@@ -6163,6 +6097,28 @@ def _grid_axis(value, name, ctx):
 
 _WHOLE = {"targets": _targets, "loghyp_any": _log_hyp_any, "X": _data_matrix, "bool": _flag,
           "grid": _grid_axis}
+
+
+def _check(spec, value, name, where=None, kernel=None, d=None):
+    """value checked and converted by a public spec outside a public call: the Python layer's
+    door to the same checks and messages. where: the function named in a message (none if
+    None); kernel and d (the number of inputs): what a "loghyp" length check needs."""
+    ctx = _Context(where)
+    if kernel is not None:
+        ctx.args["kernel"] = kernel
+    if d is not None:
+        ctx.dims["d"] = (d, "X")
+    return _compile_spec(spec)(value, name, ctx)
+
+
+def _check_choice(value, name, choices, where=None):
+    """value, one of the names in choices (a "{a,b}" spec)."""
+    return _choice(tuple(choices))(value, name, _Context(where))
+
+
+def _check_log_hyp(log_hyp, kernel, d, name="log_hyp", where=None):
+    """log_hyp (raveled) as a "(p,) loghyp" spec for `kernel` on d inputs."""
+    return _check("(p,) loghyp", np.ravel(log_hyp), name, where, kernel, d)
 
 
 def _spec_dims(spec):
@@ -6327,6 +6283,57 @@ def _check_allocation(expr, ctx):
                          f"({expr} numbers of 8 bytes), more than this machine's {have / 2 ** 30:.0f} GiB")
 
 
+# The matrix each algorithm factorises, for _factorisation_failed: (matrix, source, EP?).
+_FACTORISES = {
+    "laplace_mode": ("B = I + W^1/2 K W^1/2", "GPML Algorithm 3.1", False),
+    "laplace_predict": ("B = I + W^1/2 K W^1/2", "GPML Algorithm 3.2", False),
+    "laplace_mode_multiclass": ("B_c = I + D_c^1/2 K_c D_c^1/2 or sum_c E_c", "GPML Algorithm 3.3", False),
+    "laplace_predict_multiclass": ("B_c = I + D_c^1/2 K_c D_c^1/2 or sum_c E_c", "GPML Algorithm 3.4", False),
+    "ep": ("B = I + S~^1/2 K S~^1/2", "GPML Algorithm 3.5", True),
+    "ep_predict": ("B = I + S~^1/2 K S~^1/2", "GPML Algorithm 3.6", True),
+    "ep_multiclass": ("B = I + S~^1/2 Kg S~^1/2", "EP on the difference latents, K&G 4.2", True),
+    "ep_predict_multiclass": ("B = I + S~^1/2 Kg S~^1/2", "EP on the difference latents, K&G 4.2", True),
+}
+
+
+def _factorisation_failed(where, body, e, covariances):
+    """The one message (a ValueError) for a Cholesky factorisation that failed inside the body of
+    `body`, raised as `where`, given the covariance matrices it was given, (name, array) pairs.
+
+    The public face and the Python layer's callers of unchecked bodies both use it. A covariance
+    that is not positive semidefinite is named, as the door names it (the door proves psd only up
+    to n = _PSD_PROOF_N, and unchecked calls skip the door); one that is psd to the jitter but has
+    a negative eigenvalue is named as not psd in floating point. Otherwise the covariances are
+    fine: EP's B can still fail when its site precisions grow huge; say so instead of blaming K.
+    """
+    matrix, source, ep_sites = _FACTORISES.get(body, (None, None, False))
+    failed = (f"{matrix} of {body} ({source}) has no Cholesky factor" if matrix
+              else f"a Cholesky factorisation in {body} failed ({e})")
+    covariances = [(name, a) for name, a in covariances if a is not None and a.size > 0]
+    for name, a in covariances:
+        for A in a.reshape(-1, a.shape[-2], a.shape[-1]):
+            message = _not_psd_message(A, name)
+            if message:
+                return ValueError(f"{where}: {name} {message}")
+    for name, a in covariances:
+        for A in a.reshape(-1, a.shape[-2], a.shape[-1]):
+            low, high = np.linalg.eigvalsh(A)[[0, -1]]
+            if low < 0:
+                return ValueError(f"{where}: {failed}: {name} is not positive semidefinite in floating "
+                                  f"point (eigenvalues from {low:.3g} to {high:.3g}: rounding errors of "
+                                  f"{name} exceed its smallest eigenvalues); lower the signal variance or "
+                                  f"add jitter to the diagonal of {name}")
+    names = " and ".join(name for name, _ in covariances) or "the covariance"
+    if ep_sites:
+        return ValueError(f"{where}: {failed}, although {names} is positive semidefinite: EP's site "
+                          f"precisions tau~ are so large that B, >= I in exact arithmetic, lost its "
+                          f"positive definiteness to rounding. Start from smaller sites, add jitter "
+                          f"to the diagonal of {names}, or choose other hyperparameters")
+    return ValueError(f"{where}: {failed}: {names} must be positive definite enough for this step. "
+                      f"Add jitter to the diagonal (e.g. K + 1e-8 * np.eye(n) * K.diagonal().mean()) "
+                      f"or choose other hyperparameters")
+
+
 class PublicFunction:
     """A public function of gpclab: checks and converts its arguments, calls the body.
 
@@ -6369,22 +6376,9 @@ class PublicFunction:
             raise self._factorisation_failed(bound.arguments, e) from None
 
     def _factorisation_failed(self, arguments, e):
-        """The one message for a Cholesky factorisation that failed inside a body: a covariance
-        argument too large for the door's proof (n > _PSD_PROOF_N) that is not positive
-        semidefinite is named as such; otherwise the step needs a better-conditioned matrix."""
-        for name in self._psd:
-            a = arguments[name]
-            if "psd" not in self.spec_text[name].split() or a is None or a.size == 0:
-                continue
-            for A in a.reshape(-1, a.shape[-2], a.shape[-1]):
-                message = _not_psd_message(A, name) if A.shape[0] > _PSD_PROOF_N else None
-                if message:
-                    return ValueError(f"{self.__name__}: {name} {message}")
-        what = " and ".join(self._psd) or "the covariance"
-        return ValueError(f"{self.__name__}: a Cholesky factorisation failed ({e}): {what} "
-                          f"must be positive definite enough for this step. Add jitter to "
-                          f"the diagonal (e.g. K + 1e-8 * np.eye(n) * K.diagonal().mean()) "
-                          f"or choose other hyperparameters")
+        """A Cholesky factorisation failed inside the body: the message of _factorisation_failed."""
+        covariances = [(name, arguments[name]) for name in self._psd if "psd" in self.spec_text[name].split()]
+        return _factorisation_failed(self.__name__, self.__name__, e, covariances)
 
     def unchecked(self, *args, **kwargs):
         """The call without checks. The arguments are only brought to the types that the
@@ -6581,7 +6575,7 @@ def _compile_all(paths=None, log=print):
         E = np.stack([np.eye(8)] * 3)
         K3 = np.stack([K] * 3)
         laplace_predict_multiclass.unchecked(K3, Y, np.zeros((3, 8)), K3[:, :, :3].copy(), np.ones((3, 3)),
-                                             10, 0, E, np.eye(8), multiclass_G.unchecked(E, np.eye(8)))
+                                             S=10, seed=0, E=E, M=np.eye(8), G=multiclass_G.unchecked(E, np.eye(8)))
 
     def truncated():
         C = Kj[:3, :3] + np.eye(3)
