@@ -709,31 +709,25 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
 
     Parameters
     ----------
-    K : ndarray, shape (n, n)
-        Prior covariance matrix.
-    y : ndarray, shape (n,)
-        Targets, -1 or +1.
+    K, y : ndarray, shapes (n, n), (n,)
+        Prior covariance matrix; targets -1 or +1.
     likelihood : {'logistic', 'probit'}
         p(y|f), (3.15) or (3.16).
     a_init : ndarray, shape (n,), optional
         Warm start a = K^-1 f, taken if it beats f = 0 (zeros when left out).
     tol, max_iter : float, int
-        Stop after a full Newton step that changed the objective and log q by
-        less than tol (1 + |Psi| + |log q|); at most max_iter steps.
+        Stop after a full Newton step that changed Psi and log q by less than
+        tol (1 + |Psi| + |log q|); at most max_iter steps.
 
     Returns
     -------
-    LaplaceMode: f_hat (n,), log_q (3.32), a = K^-1 f_hat, sW = W^1/2 and
-    L = cholesky(B) at f_hat, n_iter, converged (False also when no step along
-    the Newton direction raised the objective).
+    LaplaceMode: f_hat (n,), log_q (3.32), a = K^-1 f_hat, sW = W^1/2, L = cholesky(B)
+    at f_hat, n_iter, converged (False also when no step raised the objective).
 
     Notes
     -----
-    One Cholesky factorisation, n^3/6, per step (line 5). Departures: line 2
-    (a warm start, _warm_start), line 8 (step halving, _step_search), lines
-    9-10 run after lines 4-5, so that W and L belong to f_hat.
-
-    Used in: lectures/sec3_04_binary_laplace.ipynb.
+    n^3/6 per step (line 5). Departures: line 2 (warm start), line 8 (step
+    halving), lines 9-10 after 4-5. Used in: lectures/sec3_04_binary_laplace.ipynb.
     """
     # departs from line 2: starts from a_init (zeros when left out) if that beats f = 0, because
     # the mode at nearby hyperparameters saves most Newton steps during ML-II
@@ -783,10 +777,8 @@ def laplace_predict(f_hat, K, y, likelihood, K_star, k_star_star, rule="average"
         Posterior mode, from laplace_mode (Algorithm 3.1).
     K, y, likelihood :
         As laplace_mode: k(X, X), the -1/+1 targets, 'logistic' or 'probit'.
-    K_star : ndarray, shape (n, m)
-        k(X, x_*), one column per test input.
-    k_star_star : ndarray, shape (m,)
-        k(x_*, x_*) for each test input.
+    K_star, k_star_star : ndarray, shapes (n, m), (m,)
+        k(X, x_*), one column per test input; k(x_*, x_*).
     rule : {'average', 'map', 'mackay'}
         Line 7 as in the box (3.25), or one of the rules of section 3.4.2.
     L : ndarray, shape (n, n), optional
@@ -799,10 +791,8 @@ def laplace_predict(f_hat, K, y, likelihood, K_star, k_star_star, rule="average"
 
     Notes
     -----
-    n^3/6 once (line 3), n^2 per test case (line 5); lines 4-7 run for all
-    test cases at once.
-
-    Used in: lectures/sec3_04_binary_laplace.ipynb.
+    n^3/6 once (line 3), n^2 per test case (line 5); lines 4-7 run for all test
+    cases at once. Used in: lectures/sec3_04_binary_laplace.ipynb.
     """
     _, dlp, d2lp, _ = log_likelihood(likelihood, y, f_hat)
     W = -d2lp                                                # line 2: W := -grad grad log p(y|f^)
@@ -1012,21 +1002,18 @@ def laplace_mode_multiclass(K, y, a_init=None, tol=1e-10, max_iter=100):
     a_init : ndarray, shape (C, n), optional
         Warm start a = K^-1 f, taken if it beats f = 0 (zeros when left out).
     tol, max_iter : float, int
-        Stop when a Newton step raises the objective by less than tol; at
-        most max_iter steps.
+        Stop when a Newton step raises the objective by less than tol; at most
+        max_iter steps.
 
     Returns
     -------
-    MultiLaplaceMode: f_hat (C, n), log_q (3.44), a = K^-1 f_hat, E (C, n, n)
-    and M (n, n) at f_hat (lines 7, 10), n_iter, converged.
+    MultiLaplaceMode: f_hat (C, n), log_q (3.44), a = K^-1 f_hat, E (C, n, n) and
+    M (n, n) at f_hat (lines 7, 10), n_iter, converged.
 
     Notes
     -----
-    O((C + 1) n^3) per Newton step; no Cn x Cn matrix is formed. Departures:
-    lines 2 and 14 as Algorithm 3.1's (_warm_start, _step_search); line 15
-    tests after lines 4-10, so that E and M belong to f_hat; lines 15-16 (see
-    there).
-
+    O((C + 1) n^3) per step; no Cn x Cn matrix. Departures: lines 2 and 14 as
+    Algorithm 3.1's; line 15 after 4-10; line 16 (see there).
     Used in: lectures/sec3_05_multiclass_laplace.ipynb.
     """
     C = y.shape[0]
@@ -1265,13 +1252,11 @@ def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0,
     ----------
     K, y, f_hat : ndarray, shapes (C, n, n), (C, n), (C, n)
         Prior covariance blocks, one-hot targets, mode (laplace_mode_multiclass).
-    K_star : ndarray, shape (C, n, m)
-        k_c(X, x_*) for m test inputs, per class.
-    k_star_star : ndarray, shape (C, m)
-        k_c(x_*, x_*).
+    K_star, k_star_star : ndarray, shapes (C, n, m), (C, m)
+        k_c(X, x_*) for m test inputs, per class; k_c(x_*, x_*).
     S, seed : int
-        Monte Carlo samples per test case (lines 17-22; an odd S is rounded
-        up) and their seed: the same seed gives the same numbers.
+        Monte Carlo samples per test case (lines 17-22; an odd S is rounded up)
+        and their seed: the same seed gives the same numbers.
     E, M : ndarray, optional
         E and M at f_hat from laplace_mode_multiclass: skip lines 3-7.
     G : ndarray, shape (C, n, n), optional
@@ -1279,15 +1264,13 @@ def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0,
 
     Returns
     -------
-    pi_bar_star (C, m), mu_star (C, m), Sigma_star (m, C, C): class
-    probabilities (line 23), latent means (3.41) and covariances (3.43).
+    pi_bar_star (C, m), mu_star (C, m), Sigma_star (m, C, C): class probabilities
+    (line 23), latent means (3.41) and covariances (3.43).
 
     Notes
     -----
-    Lines 8-16 run for all test cases at once (see the comment above
-    _E_k_star_solves); lines 17-22 draw antithetic pairs (_antithetic_average).
-
-    Used in: lectures/sec3_05_multiclass_laplace.ipynb.
+    Lines 8-16 for all test cases at once; lines 17-22 in antithetic pairs
+    (_antithetic_average). Used in: lectures/sec3_05_multiclass_laplace.ipynb.
     """
     C, m = k_star_star.shape
     pi = softmax(f_hat)                                       # line 2: pi and Pi from f_hat  (3.34)
@@ -1653,10 +1636,8 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
 
     Parameters
     ----------
-    K : ndarray, shape (n, n)
-        Prior covariance matrix.
-    y : ndarray, shape (n,)
-        Targets, -1 or +1.
+    K, y : ndarray, shapes (n, n), (n,)
+        Prior covariance matrix; targets -1 or +1.
     nu_tilde_init, tau_tilde_init : ndarray, shape (n,), optional
         Warm start from these sites (both or neither); zeros are line 2.
     tol, max_sweeps : float, int
@@ -1664,8 +1645,7 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
     order, seed : str, int
         'natural' (i = 1..n) or 'random' (a seeded permutation each sweep; K&R app. B).
     likelihood, eps : str, float
-        'probit' (3.16) or 'step' (K&G 10, 20-21), with labelling noise eps:
-        eps + (1 - 2 eps) p(y|f).
+        'probit' (3.16) or 'step' (K&G 10, 20-21), with labelling noise eps.
 
     Returns
     -------
@@ -1675,8 +1655,8 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
 
     Notes
     -----
-    Departures (see the comment above): stable site updates with 0 <= tau~ <=
-    tau_max; Sigma's rank-one updates in blocks; mu in O(n); a warm start.
+    Departures (see the comment above): 0 <= tau~ <= tau_max; Sigma's rank-one
+    updates in blocks; mu in O(n); a warm start. Used in: lectures/sec3_06_ep.ipynb.
     """
     n = y.shape[0]
     noise = 1.0 if likelihood == "probit" else 0.0            # probit: a step site of f + N(0, 1) noise
@@ -1730,10 +1710,8 @@ def ep_predict(nu_tilde, tau_tilde, K, K_star, k_star_star, L=None, likelihood="
         Natural site parameters from ep (Algorithm 3.5).
     K : ndarray, shape (n, n)
         Prior covariance of the training latents.
-    K_star : ndarray, shape (n, m)
-        k(X, x_*) for m test inputs, one column per test case.
-    k_star_star : ndarray, shape (m,)
-        k(x_*, x_*).
+    K_star, k_star_star : ndarray, shapes (n, m), (m,)
+        k(X, x_*), one column per test case; k(x_*, x_*).
     L : ndarray, shape (n, n), optional
         cholesky(B) from ep; skips line 2, as the caption suggests.
     likelihood, eps : str, float
@@ -1742,12 +1720,12 @@ def ep_predict(nu_tilde, tau_tilde, K, K_star, k_star_star, L=None, likelihood="
     Returns
     -------
     pi_bar_star, f_bar_star, V_f_star : ndarray, shape (m,)
-        Predictive probability of class +1 (3.63); latent mean (3.60) and variance (3.61).
+        Probability of class +1 (3.63); latent mean (3.60) and variance (3.61).
 
     Notes
     -----
-    For 'step', line 7 is eps + (1 - 2 eps) Phi(f_bar_* / sqrt(V[f_*])) (K&G 26;
-    25 for eps = 0): the latent noise is inside k(x_*, x_*), so no "1 +".
+    For 'step', line 7 is eps + (1 - 2 eps) Phi(f_bar_* / sqrt(V[f_*])) (K&G 26):
+    the latent noise is inside k(x_*, x_*), so no "1 +".
     """
     n = nu_tilde.shape[0]
     sS = np.sqrt(tau_tilde)
@@ -2243,22 +2221,20 @@ def ais(K, y, likelihood, T=8000, R=3, step=None, n_leapfrog=None, seed=0, sched
         Temperatures (schedule (t/T)^4, K&R 6.2) and independent runs (in
         parallel; run r seeded by (seed, r), so independent of the thread count).
     step, n_leapfrog : float, int, optional
-        One HMC transition per temperature. Default: at each tau from the
-        largest eigenvalue of K (hmc_step_size, the curvature scaled by tau).
+        One HMC transition per temperature; default from K (hmc_step_size at tau).
     schedule : ndarray, shape (T + 1,), optional
         Any increasing schedule from 0 to 1 instead of (t/T)^4.
 
     Returns
     -------
-    log_Z, log_w (R,), se, acceptance, ess
-        ln Z (the box's return line); ln Z_r of each run (32); the standard
-        error of log_Z (delta method; nan for R = 1); the fraction of accepted
-        HMC transitions; the effective number of runs (sum w)^2 / sum w^2.
+    log_Z, log_w (R,), se, acceptance, ess: ln Z (the box's return line); ln Z_r
+    of each run (32); the standard error of log_Z (delta method; nan for R = 1);
+    accepted fraction of HMC transitions; effective runs (sum w)^2 / sum w^2.
 
     Notes
     -----
-    Departures (see the comment above): lines 4-7 run for all runs at once;
-    line 6 uses f_t-1; the return line is the box's arithmetic mean.
+    Departures (see the comment above): lines 4-7 for all runs at once; line 6
+    uses f_t-1; the return line is the box's arithmetic mean.
     """
     n = y.shape[0]
     tau = _ais_schedule(T, schedule)                          # line 1: temperature schedule tau
