@@ -618,10 +618,10 @@ def minus_gram(K, V):
     return out
 
 
-@public(L="(n, n) chol")
 @njit(cache=True)
-def cholesky_inverse(L):
-    """B^-1 from the Cholesky factor L of B = L L^T, by LAPACK dpotri."""
+def _potri_lower(L):
+    """The lower triangle of B^-1 from the Cholesky factor L of B = L L^T, by LAPACK dpotri
+    (the upper triangle holds what L held there: zeros)."""
     n = L.shape[0]
     A = np.ascontiguousarray(L).copy()
     if n == 0:
@@ -631,9 +631,53 @@ def cholesky_inverse(L):
     nn = np.array([n], np.int32)
     info = np.zeros(1, np.int32)
     _dpotri(uplo.ctypes, nn.ctypes, A.ctypes, nn.ctypes, info.ctypes)  # info = 0: L has no zero pivot
-    for i in range(n):  # dpotri fills one triangle (C lower): mirror it
-        for j in range(i):
-            A[j, i] = A[i, j]
+    return A
+
+
+_TILE = 64        # tiles of 64 x 64 for the mirrored copies below (two tiles fit in L2)
+
+
+@njit(cache=True)
+def _mirror_scaled(A, s):
+    """A_ij := A_ij (s_i s_j) on the lower triangle, copied to the upper one, in place: the
+    same number on both sides of the diagonal as scaling the mirrored matrix, in tiles, so
+    that the copy down the columns of a row-major array stays in cache (s of ones: no scaling;
+    x 1.0 is exact)."""
+    n = A.shape[0]
+    for ib in range(0, n, _TILE):
+        for jb in range(0, ib + 1, _TILE):
+            for i in range(ib, min(ib + _TILE, n)):
+                for j in range(jb, min(jb + _TILE, i + 1)):
+                    A[i, j] *= s[i] * s[j]
+                    A[j, i] = A[i, j]
+    return A
+
+
+@public(L="(n, n) chol")
+@njit(cache=True)
+def cholesky_inverse(L):
+    """B^-1 from the Cholesky factor L of B = L L^T, by LAPACK dpotri."""
+    return _mirror_scaled(_potri_lower(L), np.ones(L.shape[0]))  # dpotri fills one triangle (C lower): mirror it
+
+
+@njit(cache=True)
+def _cholesky(A):
+    """np.linalg.cholesky(A) for an A the caller does not need any more: factorised in place
+    by the same LAPACK dpotrf (the same numbers) without numba's copy, and the upper triangle
+    zeroed along rows (numba zeroes it down the columns of a row-major array, several times
+    slower). LinAlgError if A is not positive definite."""
+    n = A.shape[0]
+    if n == 0:
+        return A
+    uplo = np.array([ord("U")], np.uint8)                     # C-order lower = Fortran upper
+    nn = np.array([n], np.int32)
+    info = np.zeros(1, np.int32)
+    _dpotrf(uplo.ctypes, nn.ctypes, A.ctypes, nn.ctypes, info.ctypes)
+    if info[0] != 0:
+        raise np.linalg.LinAlgError("Matrix is not positive definite.")
+    for i in range(n):
+        for j in range(i + 1, n):
+            A[i, j] = 0.0
     return A
 
 
@@ -739,7 +783,7 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
         _, dlp, d2lp, _ = log_likelihood(likelihood, y, f)
         W = -d2lp                                            # line 4: W := -grad grad log p(y|f)  (3.15/3.16)
         sW = np.sqrt(W)
-        L = np.linalg.cholesky(_form_B(K, sW))               # line 5: L := cholesky(I + W^1/2 K W^1/2)
+        L = _cholesky(_form_B(K, sW))                        # line 5: L := cholesky(I + W^1/2 K W^1/2)
         log_q = psi - half_log_det(L)                        # line 10: log q := -1/2 a^T f + log p(y|f) - sum_i log L_ii  (3.32)
         # departs from lines 9-10: both are done here, after lines 4-5, so that W and L returned
         # belong to f_hat; and line 9 asks log q as well as Psi to settle after a full step,
@@ -798,7 +842,7 @@ def laplace_predict(f_hat, K, y, likelihood, K_star, k_star_star, rule="average"
     W = -d2lp                                                # line 2: W := -grad grad log p(y|f^)
     sW = np.sqrt(W)
     if L is None:                                            # departs from line 3: skipped when L is given
-        L = np.linalg.cholesky(_form_B(K, sW))               # line 3: L := cholesky(I + W^1/2 K W^1/2)
+        L = _cholesky(_form_B(K, sW))                        # line 3: L := cholesky(I + W^1/2 K W^1/2)
     f_bar_star = K_star.T @ dlp                              # line 4: f_bar_* := k(x_*)^T grad log p(y|f^)  (3.21)
     sWK = np.empty_like(K_star)
     for i in range(K_star.shape[0]):
@@ -850,7 +894,7 @@ def laplace_log_q_grad(K, X, kernel, log_hyp, y, likelihood, f_hat, a, L, discre
     _, dlp, d2lp, d3lp = log_likelihood(likelihood, y, f_hat)
     W = -d2lp
     sW = np.sqrt(W)
-    Binv = cholesky_inverse(L)                              # B^-1, n^3/3 from L
+    Binv = _potri_lower(L)                                  # B^-1 (its lower triangle), n^3/3 from L
     s2 = np.empty(n)
     for i in range(n):
         # (K&R 45): -1/2 diag((K^-1 + W)^-1) dW/df, with dW/df = -d3 log p.
@@ -863,10 +907,7 @@ def laplace_log_q_grad(K, X, kernel, log_hyp, y, likelihood, f_hat, a, L, discre
         s2[i] = 0.5 * (1.0 - Binv[i, i]) / W[i] * d3lp[i] if W[i] > 0.0 else 0.0
     # R = W^1/2 B^-1 W^1/2 = (K + W^-1)^-1: with (K&R 44), (I + K W)^-1 dK W
     # has trace tr(R dK), and (I + K W)^-1 = I - K R in (K&R 47)
-    R = Binv
-    for i in range(n):
-        for j in range(n):
-            R[i, j] *= sW[i] * sW[j]
+    R = _mirror_scaled(Binv, sW)
     p = log_hyp.shape[0]
     grad = np.empty(p)
     for j in range(p):
@@ -957,7 +998,7 @@ def _multiclass_E_M(K, pi):
     z = 0.0
     for c in range(C):                                        # for c := 1..C
         sD = np.sqrt(pi[c])                                   # D_c^1/2, (n,)
-        L = np.linalg.cholesky(_form_B(K[c], sD))             # L := cholesky(I + D_c^1/2 K_c D_c^1/2)
+        L = _cholesky(_form_B(K[c], sD))                      # L := cholesky(I + D_c^1/2 K_c D_c^1/2)
         # departs from E_c := D_c^1/2 L^T\(L\D_c^1/2) (3.3 line 7, 3.4 line 5): the same matrix
         # as B_c^-1 = L^-T L^-1 scaled by D_c^1/2 on both sides, because LAPACK forms B_c^-1
         # from L in one call (cholesky_inverse) instead of two triangular solves with n columns
@@ -1551,7 +1592,7 @@ def _ep_posterior(K, tau_tilde, nu_tilde):
     """Sigma, mu and L from the sites (Alg. 3.5 lines 13-15; 3.53, 3.68)."""
     n = K.shape[0]
     sS = np.sqrt(tau_tilde)                                   # S~^1/2
-    L = np.linalg.cholesky(_form_B(K, sS))                    # L := cholesky(I + S~^1/2 K S~^1/2)
+    L = _cholesky(_form_B(K, sS))                             # L := cholesky(I + S~^1/2 K S~^1/2)
     sSK = np.empty((n, n))
     for i in range(n):
         sSK[i, :] = sS[i] * K[i, :]
@@ -1730,7 +1771,7 @@ def ep_predict(nu_tilde, tau_tilde, K, K_star, k_star_star, L=None, likelihood="
     n = nu_tilde.shape[0]
     sS = np.sqrt(tau_tilde)
     if L is None:
-        L = np.linalg.cholesky(_form_B(K, sS))                # line 2: L := cholesky(I + S~^1/2 K S~^1/2)
+        L = _cholesky(_form_B(K, sS))                         # line 2: L := cholesky(I + S~^1/2 K S~^1/2)
     z = sS * solve_lower_transpose(L, solve_lower(L, sS * (K @ nu_tilde)))  # line 3: z := S~^1/2 L^T\(L\(S~^1/2 K nu~))
     f_bar_star = K_star.T @ (nu_tilde - z)                    # line 4: f_bar_* := k(x_*)^T (nu~ - z)  (3.60, 3.71)
     sSK = np.empty_like(K_star)
@@ -1766,10 +1807,7 @@ def ep_log_Z_grad(K, X, kernel, log_hyp, nu_tilde, tau_tilde, L, discrete=None):
     n = nu_tilde.shape[0]
     sS = np.sqrt(tau_tilde)
     b = nu_tilde - sS * solve_lower_transpose(L, solve_lower(L, sS * (K @ nu_tilde)))
-    R = cholesky_inverse(L)
-    for i in range(n):
-        for j in range(n):
-            R[i, j] *= sS[i] * sS[j]
+    R = _mirror_scaled(_potri_lower(L), sS)                   # R = S~^1/2 B^-1 S~^1/2 (K&R 52)
     p = log_hyp.shape[0]
     grad = np.empty(p)
     for j in range(p):
@@ -2829,7 +2867,7 @@ def ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L=None
     Kg = difference_covariance(C, y)
     sS = np.sqrt(tau_tilde)
     if L is None:
-        L = np.linalg.cholesky(_form_B(Kg, sS))               # line 2: L := cholesky(I + S~^1/2 Kg S~^1/2)
+        L = _cholesky(_form_B(Kg, sS))                        # line 2: L := cholesky(I + S~^1/2 Kg S~^1/2)
     z = sS * solve_lower_transpose(L, solve_lower(L, sS * (Kg @ nu_tilde)))  # line 3
     b = nu_tilde - z                                          # alpha of (K&G 52)
     p = np.empty((J, m))
@@ -6439,7 +6477,7 @@ def _start_threads():
         get_num_threads()
 
 
-# BLAS dtrsm and LAPACK dpotri, called from numba through scipy's Cython
+# BLAS dtrsm and dsyrk, LAPACK dpotri and dpotrf, called from numba through scipy's Cython
 # exports. Registering the symbol by name keeps the numba cache valid across
 # processes (a ctypes pointer would disable caching). All integer arguments
 # are 32-bit and passed by pointer; a C-order array is the Fortran transpose.
@@ -6448,6 +6486,8 @@ _dtrsm = _c_function("gpclab_dtrsm", get_cython_function_address("scipy.linalg.c
 _dsyrk = _c_function("gpclab_dsyrk", get_cython_function_address("scipy.linalg.cython_blas", "dsyrk"),
                      (types.void, None), 10)
 _dpotri = _c_function("gpclab_dpotri", get_cython_function_address("scipy.linalg.cython_lapack", "dpotri"),
+                      (types.void, None), 5)
+_dpotrf = _c_function("gpclab_dpotrf", get_cython_function_address("scipy.linalg.cython_lapack", "dpotrf"),
                       (types.void, None), 5)
 
 
