@@ -19,7 +19,8 @@ from scipy.stats import norm
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Runs in the user's process: the Laplace path the administrator warmed, then a function
-# it did not warm. Prints the cache statistics and the warnings as JSON.
+# it did not warm. Prints the cache statistics and the warnings as JSON, leaving out ML-II's
+# warning that its 3 steps (max_iter=3, to keep the fit short) did not converge.
 USER_CODE = r"""
 import json, warnings
 with warnings.catch_warnings(record=True) as caught:
@@ -38,14 +39,15 @@ with warnings.catch_warnings(record=True) as caught:
         return hits, misses
 
     X, y = gpclab.make_three_gaussians(seed=0)
-    m = gpclab.GPClassifier(max_iter=3).fit(X, y)
+    m = gpclab.GPClassifier(max_iter=3).fit(X, y)     # 3 ML-II steps: the Laplace path, quickly
     p = m.predict_proba([[-6.0], [0.0]])
     warmed = stats()
     moments = gpclab.probit_moments(1.0, 0.5, 2.0)
     after = stats()
 print(json.dumps({"warmed": warmed, "after": after, "p": p.tolist(), "moments": list(moments),
                   "file": gpclab.__file__,
-                  "warnings": [f"{w.category.__name__}: {w.message}" for w in caught]}))
+                  "warnings": [f"{w.category.__name__}: {w.message}" for w in caught
+                               if "ML-II L-BFGS-B stopped without converging" not in str(w.message)]}))
 """
 
 
