@@ -5717,7 +5717,9 @@ def _numba_function(py_func, options):
 # The wrapper (PublicFunction) binds the arguments like Python does, converts
 # and checks each one, calls the njit body and turns what it returns into the
 # namedtuple given by returns=. numba's "Matrix is not positive definite."
-# becomes a ValueError naming the psd arguments, with advice. numba code calls
+# becomes the ValueError of _factorisation_failed, which names the matrix, the
+# algorithm and what is wrong (the Python layer's callers of unchecked bodies
+# use it too, and _check for the checks of an argument). numba code calls
 # the body directly (numba sees the dispatcher, see _typeof_public), so the
 # checks run once, at the door.
 
