@@ -3536,7 +3536,7 @@ def laplace_evidence(X, y, log_hyp, kernel="se", likelihood="logistic", a_init=N
     Returns (log_q, grad, mode) with mode the LaplaceMode of laplace_mode
     (grad is None unless eval_gradient).
     """
-    K = kernel_matrix(kernel, X, X, log_hyp, discrete)
+    K = kernel_matrix.unchecked(kernel, X, X, log_hyp, discrete)
     mode = _mode_or_raise(K, y, likelihood, a_init)
     grad = None
     if eval_gradient:
@@ -3552,7 +3552,7 @@ def multiclass_evidence(X, Y, log_hyp, kernel="se", a_init=None, eval_gradient=T
 
     Y is one-hot (C, n). Returns (log_q, grad (C, p) or None, MultiLaplaceMode).
     """
-    K = np.stack([kernel_matrix(kernel, X, X, h, discrete) for h in log_hyp])
+    K = np.stack([kernel_matrix.unchecked(kernel, X, X, h, discrete) for h in log_hyp])
     try:
         mode = laplace_mode_multiclass.unchecked(K, Y, a_init)
     except np.linalg.LinAlgError as e:
@@ -4313,7 +4313,7 @@ def ep_evidence(X, y, log_hyp, kernel="se", sites=None, eval_gradient=True, disc
     tol: ep's convergence tolerance. Returns (log_Z, grad, result) with
     result the EPResult of ep.
     """
-    K = kernel_matrix(kernel, X, X, log_hyp, discrete)
+    K = kernel_matrix.unchecked(kernel, X, X, log_hyp, discrete)
     nu0, tau0 = (None, None) if sites is None else sites
     try:
         res = ep.unchecked(K, y, nu0, tau0, tol=tol, likelihood=likelihood, eps=eps)
@@ -4336,7 +4336,7 @@ def multiclass_ep_evidence(X, Y, log_hyp, kernel="kg", sites=None, eval_gradient
     (K&G 38). The gradient is eq. 31 at the EP fixed point, which equals
     d log Z_EP / d log_hyp there (K&G Theorem 1). Returns (log_Z, grad, result).
     """
-    C = kernel_matrix(kernel, X, X, log_hyp, discrete)
+    C = kernel_matrix.unchecked(kernel, X, X, log_hyp, discrete)
     nu0, tau0 = (None, None) if sites is None else sites
     try:
         res = ep_multiclass.unchecked(C, Y, nu0, tau0)
