@@ -624,10 +624,10 @@ def minus_gram(K, V):
     return out
 
 
-@public(L="(n, n) chol")
 @njit(cache=True)
-def cholesky_inverse(L):
-    """B^-1 from the Cholesky factor L of B = L L^T, by LAPACK dpotri."""
+def _potri_lower(L):
+    """The lower triangle of B^-1 from the Cholesky factor L of B = L L^T, by LAPACK dpotri
+    (the upper triangle holds what L held there: zeros)."""
     n = L.shape[0]
     A = np.ascontiguousarray(L).copy()
     if n == 0:
@@ -637,9 +637,53 @@ def cholesky_inverse(L):
     nn = np.array([n], np.int32)
     info = np.zeros(1, np.int32)
     _dpotri(uplo.ctypes, nn.ctypes, A.ctypes, nn.ctypes, info.ctypes)  # info = 0: L has no zero pivot
-    for i in range(n):  # dpotri fills one triangle (C lower): mirror it
-        for j in range(i):
-            A[j, i] = A[i, j]
+    return A
+
+
+_TILE = 64        # tiles of 64 x 64 for the mirrored copies below (two tiles fit in L2)
+
+
+@njit(cache=True)
+def _mirror_scaled(A, s):
+    """A_ij := A_ij (s_i s_j) on the lower triangle, copied to the upper one, in place: the
+    same number on both sides of the diagonal as scaling the mirrored matrix, in tiles, so
+    that the copy down the columns of a row-major array stays in cache (s of ones: no scaling;
+    x 1.0 is exact)."""
+    n = A.shape[0]
+    for ib in range(0, n, _TILE):
+        for jb in range(0, ib + 1, _TILE):
+            for i in range(ib, min(ib + _TILE, n)):
+                for j in range(jb, min(jb + _TILE, i + 1)):
+                    A[i, j] *= s[i] * s[j]
+                    A[j, i] = A[i, j]
+    return A
+
+
+@public(L="(n, n) chol")
+@njit(cache=True)
+def cholesky_inverse(L):
+    """B^-1 from the Cholesky factor L of B = L L^T, by LAPACK dpotri."""
+    return _mirror_scaled(_potri_lower(L), np.ones(L.shape[0]))  # dpotri fills one triangle (C lower): mirror it
+
+
+@njit(cache=True)
+def _cholesky(A):
+    """np.linalg.cholesky(A) for an A the caller does not need any more: factorised in place
+    by the same LAPACK dpotrf (the same numbers) without numba's copy, and the upper triangle
+    zeroed along rows (numba zeroes it down the columns of a row-major array, several times
+    slower). LinAlgError if A is not positive definite."""
+    n = A.shape[0]
+    if n == 0:
+        return A
+    uplo = np.array([ord("U")], np.uint8)                     # C-order lower = Fortran upper
+    nn = np.array([n], np.int32)
+    info = np.zeros(1, np.int32)
+    _dpotrf(uplo.ctypes, nn.ctypes, A.ctypes, nn.ctypes, info.ctypes)
+    if info[0] != 0:
+        raise np.linalg.LinAlgError("Matrix is not positive definite.")
+    for i in range(n):
+        for j in range(i + 1, n):
+            A[i, j] = 0.0
     return A
 
 
@@ -715,31 +759,25 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
 
     Parameters
     ----------
-    K : ndarray, shape (n, n)
-        Prior covariance matrix.
-    y : ndarray, shape (n,)
-        Targets, -1 or +1.
+    K, y : ndarray, shapes (n, n), (n,)
+        Prior covariance matrix; targets -1 or +1.
     likelihood : {'logistic', 'probit'}
         p(y|f), (3.15) or (3.16).
     a_init : ndarray, shape (n,), optional
         Warm start a = K^-1 f, taken if it beats f = 0 (zeros when left out).
     tol, max_iter : float, int
-        Stop after a full Newton step that changed the objective and log q by
-        less than tol (1 + |Psi| + |log q|); at most max_iter steps.
+        Stop after a full Newton step that changed Psi and log q by less than
+        tol (1 + |Psi| + |log q|); at most max_iter steps.
 
     Returns
     -------
-    LaplaceMode: f_hat (n,), log_q (3.32), a = K^-1 f_hat, sW = W^1/2 and
-    L = cholesky(B) at f_hat, n_iter, converged (False also when no step along
-    the Newton direction raised the objective).
+    LaplaceMode: f_hat (n,), log_q (3.32), a = K^-1 f_hat, sW = W^1/2, L = cholesky(B)
+    at f_hat, n_iter, converged (False also when no step raised the objective).
 
     Notes
     -----
-    One Cholesky factorisation, n^3/6, per step (line 5). Departures: line 2
-    (a warm start, _warm_start), line 8 (step halving, _step_search), lines
-    9-10 run after lines 4-5, so that W and L belong to f_hat.
-
-    Used in: lectures/sec3_04_binary_laplace.ipynb.
+    n^3/6 per step (line 5). Departures: line 2 (warm start), line 8 (step
+    halving), lines 9-10 after 4-5. Used in: lectures/sec3_04_binary_laplace.ipynb.
     """
     # departs from line 2: starts from a_init (zeros when left out) if that beats f = 0, because
     # the mode at nearby hyperparameters saves most Newton steps during ML-II
@@ -751,7 +789,7 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
         _, dlp, d2lp, _ = log_likelihood(likelihood, y, f)
         W = -d2lp                                            # line 4: W := -grad grad log p(y|f)  (3.15/3.16)
         sW = np.sqrt(W)
-        L = np.linalg.cholesky(_form_B(K, sW))               # line 5: L := cholesky(I + W^1/2 K W^1/2)
+        L = _cholesky(_form_B(K, sW))                        # line 5: L := cholesky(I + W^1/2 K W^1/2)
         log_q = psi - half_log_det(L)                        # line 10: log q := -1/2 a^T f + log p(y|f) - sum_i log L_ii  (3.32)
         # departs from lines 9-10: both are done here, after lines 4-5, so that W and L returned
         # belong to f_hat; and line 9 asks log q as well as Psi to settle after a full step,
@@ -789,10 +827,8 @@ def laplace_predict(f_hat, K, y, likelihood, K_star, k_star_star, rule="average"
         Posterior mode, from laplace_mode (Algorithm 3.1).
     K, y, likelihood :
         As laplace_mode: k(X, X), the -1/+1 targets, 'logistic' or 'probit'.
-    K_star : ndarray, shape (n, m)
-        k(X, x_*), one column per test input.
-    k_star_star : ndarray, shape (m,)
-        k(x_*, x_*) for each test input.
+    K_star, k_star_star : ndarray, shapes (n, m), (m,)
+        k(X, x_*), one column per test input; k(x_*, x_*).
     rule : {'average', 'map', 'mackay'}
         Line 7 as in the box (3.25), or one of the rules of section 3.4.2.
     L : ndarray, shape (n, n), optional
@@ -805,16 +841,14 @@ def laplace_predict(f_hat, K, y, likelihood, K_star, k_star_star, rule="average"
 
     Notes
     -----
-    n^3/6 once (line 3), n^2 per test case (line 5); lines 4-7 run for all
-    test cases at once.
-
-    Used in: lectures/sec3_04_binary_laplace.ipynb.
+    n^3/6 once (line 3), n^2 per test case (line 5); lines 4-7 run for all test
+    cases at once. Used in: lectures/sec3_04_binary_laplace.ipynb.
     """
     _, dlp, d2lp, _ = log_likelihood(likelihood, y, f_hat)
     W = -d2lp                                                # line 2: W := -grad grad log p(y|f^)
     sW = np.sqrt(W)
     if L is None:                                            # departs from line 3: skipped when L is given
-        L = np.linalg.cholesky(_form_B(K, sW))               # line 3: L := cholesky(I + W^1/2 K W^1/2)
+        L = _cholesky(_form_B(K, sW))                        # line 3: L := cholesky(I + W^1/2 K W^1/2)
     f_bar_star = K_star.T @ dlp                              # line 4: f_bar_* := k(x_*)^T grad log p(y|f^)  (3.21)
     sWK = np.empty_like(K_star)
     for i in range(K_star.shape[0]):
@@ -866,7 +900,7 @@ def laplace_log_q_grad(K, X, kernel, log_hyp, y, likelihood, f_hat, a, L, discre
     _, dlp, d2lp, d3lp = log_likelihood(likelihood, y, f_hat)
     W = -d2lp
     sW = np.sqrt(W)
-    Binv = cholesky_inverse(L)                              # B^-1, n^3/3 from L
+    Binv = _potri_lower(L)                                  # B^-1 (its lower triangle), n^3/3 from L
     s2 = np.empty(n)
     for i in range(n):
         # (K&R 45): -1/2 diag((K^-1 + W)^-1) dW/df, with dW/df = -d3 log p.
@@ -879,10 +913,7 @@ def laplace_log_q_grad(K, X, kernel, log_hyp, y, likelihood, f_hat, a, L, discre
         s2[i] = 0.5 * (1.0 - Binv[i, i]) / W[i] * d3lp[i] if W[i] > 0.0 else 0.0
     # R = W^1/2 B^-1 W^1/2 = (K + W^-1)^-1: with (K&R 44), (I + K W)^-1 dK W
     # has trace tr(R dK), and (I + K W)^-1 = I - K R in (K&R 47)
-    R = Binv
-    for i in range(n):
-        for j in range(n):
-            R[i, j] *= sW[i] * sW[j]
+    R = _mirror_scaled(Binv, sW)
     p = log_hyp.shape[0]
     grad = np.empty(p)
     for j in range(p):
@@ -973,7 +1004,7 @@ def _multiclass_E_M(K, pi):
     z = 0.0
     for c in range(C):                                        # for c := 1..C
         sD = np.sqrt(pi[c])                                   # D_c^1/2, (n,)
-        L = np.linalg.cholesky(_form_B(K[c], sD))             # L := cholesky(I + D_c^1/2 K_c D_c^1/2)
+        L = _cholesky(_form_B(K[c], sD))                      # L := cholesky(I + D_c^1/2 K_c D_c^1/2)
         # departs from E_c := D_c^1/2 L^T\(L\D_c^1/2) (3.3 line 7, 3.4 line 5): the same matrix
         # as B_c^-1 = L^-T L^-1 scaled by D_c^1/2 on both sides, because LAPACK forms B_c^-1
         # from L in one call (cholesky_inverse) instead of two triangular solves with n columns
@@ -1018,21 +1049,18 @@ def laplace_mode_multiclass(K, y, a_init=None, tol=1e-10, max_iter=100):
     a_init : ndarray, shape (C, n), optional
         Warm start a = K^-1 f, taken if it beats f = 0 (zeros when left out).
     tol, max_iter : float, int
-        Stop when a Newton step raises the objective by less than tol; at
-        most max_iter steps.
+        Stop when a Newton step raises the objective by less than tol; at most
+        max_iter steps.
 
     Returns
     -------
-    MultiLaplaceMode: f_hat (C, n), log_q (3.44), a = K^-1 f_hat, E (C, n, n)
-    and M (n, n) at f_hat (lines 7, 10), n_iter, converged.
+    MultiLaplaceMode: f_hat (C, n), log_q (3.44), a = K^-1 f_hat, E (C, n, n) and
+    M (n, n) at f_hat (lines 7, 10), n_iter, converged.
 
     Notes
     -----
-    O((C + 1) n^3) per Newton step; no Cn x Cn matrix is formed. Departures:
-    lines 2 and 14 as Algorithm 3.1's (_warm_start, _step_search); line 15
-    tests after lines 4-10, so that E and M belong to f_hat; lines 15-16 (see
-    there).
-
+    O((C + 1) n^3) per step; no Cn x Cn matrix. Departures: lines 2 and 14 as
+    Algorithm 3.1's; line 15 after 4-10; line 16 (see there).
     Used in: lectures/sec3_05_multiclass_laplace.ipynb.
     """
     C = y.shape[0]
@@ -1201,6 +1229,8 @@ def _antithetic_average(mu_star, Sigma_star, S, seed):
     np.random.seed(seed)
     Z = np.empty((C, pairs))                                  # (C, S/2) standard normal
     for i in range(pairs):
+        if i % 4096 == 0:
+            check_interrupt()
         for c in range(C):
             Z[c, i] = np.random.standard_normal()
     pi_bar_star = np.zeros((C, m))
@@ -1212,6 +1242,7 @@ def _antithetic_average(mu_star, Sigma_star, S, seed):
         Lj = _cholesky_psd(Sigma_star[j])
         D[:] = 0.0
         for c in range(C):                                    # d = L z for all pairs at once
+            check_interrupt()
             for k in range(c + 1):
                 l_ck = Lj[c, k]
                 for i in range(pairs):
@@ -1268,13 +1299,11 @@ def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0,
     ----------
     K, y, f_hat : ndarray, shapes (C, n, n), (C, n), (C, n)
         Prior covariance blocks, one-hot targets, mode (laplace_mode_multiclass).
-    K_star : ndarray, shape (C, n, m)
-        k_c(X, x_*) for m test inputs, per class.
-    k_star_star : ndarray, shape (C, m)
-        k_c(x_*, x_*).
+    K_star, k_star_star : ndarray, shapes (C, n, m), (C, m)
+        k_c(X, x_*) for m test inputs, per class; k_c(x_*, x_*).
     S, seed : int
-        Monte Carlo samples per test case (lines 17-22; an odd S is rounded
-        up) and their seed: the same seed gives the same numbers.
+        Monte Carlo samples per test case (lines 17-22; an odd S is rounded up)
+        and their seed: the same seed gives the same numbers.
     E, M : ndarray, optional
         E and M at f_hat from laplace_mode_multiclass: skip lines 3-7.
     G : ndarray, shape (C, n, n), optional
@@ -1282,15 +1311,13 @@ def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0,
 
     Returns
     -------
-    pi_bar_star (C, m), mu_star (C, m), Sigma_star (m, C, C): class
-    probabilities (line 23), latent means (3.41) and covariances (3.43).
+    pi_bar_star (C, m), mu_star (C, m), Sigma_star (m, C, C): class probabilities
+    (line 23), latent means (3.41) and covariances (3.43).
 
     Notes
     -----
-    Lines 8-16 run for all test cases at once (see the comment above
-    _E_k_star_solves); lines 17-22 draw antithetic pairs (_antithetic_average).
-
-    Used in: lectures/sec3_05_multiclass_laplace.ipynb.
+    Lines 8-16 for all test cases at once; lines 17-22 in antithetic pairs
+    (_antithetic_average). Used in: lectures/sec3_05_multiclass_laplace.ipynb.
     """
     C, m = k_star_star.shape
     pi = softmax(f_hat)                                       # line 2: pi and Pi from f_hat  (3.34)
@@ -1571,7 +1598,7 @@ def _ep_posterior(K, tau_tilde, nu_tilde):
     """Sigma, mu and L from the sites (Alg. 3.5 lines 13-15; 3.53, 3.68)."""
     n = K.shape[0]
     sS = np.sqrt(tau_tilde)                                   # S~^1/2
-    L = np.linalg.cholesky(_form_B(K, sS))                    # L := cholesky(I + S~^1/2 K S~^1/2)
+    L = _cholesky(_form_B(K, sS))                             # L := cholesky(I + S~^1/2 K S~^1/2)
     sSK = np.empty((n, n))
     for i in range(n):
         sSK[i, :] = sS[i] * K[i, :]
@@ -1656,10 +1683,8 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
 
     Parameters
     ----------
-    K : ndarray, shape (n, n)
-        Prior covariance matrix.
-    y : ndarray, shape (n,)
-        Targets, -1 or +1.
+    K, y : ndarray, shapes (n, n), (n,)
+        Prior covariance matrix; targets -1 or +1.
     nu_tilde_init, tau_tilde_init : ndarray, shape (n,), optional
         Warm start from these sites (both or neither); zeros are line 2.
     tol, max_sweeps : float, int
@@ -1667,8 +1692,7 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
     order, seed : str, int
         'natural' (i = 1..n) or 'random' (a seeded permutation each sweep; K&R app. B).
     likelihood, eps : str, float
-        'probit' (3.16) or 'step' (K&G 10, 20-21), with labelling noise eps:
-        eps + (1 - 2 eps) p(y|f).
+        'probit' (3.16) or 'step' (K&G 10, 20-21), with labelling noise eps.
 
     Returns
     -------
@@ -1678,8 +1702,8 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
 
     Notes
     -----
-    Departures (see the comment above): stable site updates with 0 <= tau~ <=
-    tau_max; Sigma's rank-one updates in blocks; mu in O(n); a warm start.
+    Departures (see the comment above): 0 <= tau~ <= tau_max; Sigma's rank-one
+    updates in blocks; mu in O(n); a warm start. Used in: lectures/sec3_06_ep.ipynb.
     """
     n = y.shape[0]
     noise = 1.0 if likelihood == "probit" else 0.0            # probit: a step site of f + N(0, 1) noise
@@ -1734,10 +1758,8 @@ def ep_predict(nu_tilde, tau_tilde, K, K_star, k_star_star, L=None, likelihood="
         Natural site parameters from ep (Algorithm 3.5).
     K : ndarray, shape (n, n)
         Prior covariance of the training latents.
-    K_star : ndarray, shape (n, m)
-        k(X, x_*) for m test inputs, one column per test case.
-    k_star_star : ndarray, shape (m,)
-        k(x_*, x_*).
+    K_star, k_star_star : ndarray, shapes (n, m), (m,)
+        k(X, x_*), one column per test case; k(x_*, x_*).
     L : ndarray, shape (n, n), optional
         cholesky(B) from ep; skips line 2, as the caption suggests.
     likelihood, eps : str, float
@@ -1746,17 +1768,17 @@ def ep_predict(nu_tilde, tau_tilde, K, K_star, k_star_star, L=None, likelihood="
     Returns
     -------
     pi_bar_star, f_bar_star, V_f_star : ndarray, shape (m,)
-        Predictive probability of class +1 (3.63); latent mean (3.60) and variance (3.61).
+        Probability of class +1 (3.63); latent mean (3.60) and variance (3.61).
 
     Notes
     -----
-    For 'step', line 7 is eps + (1 - 2 eps) Phi(f_bar_* / sqrt(V[f_*])) (K&G 26;
-    25 for eps = 0): the latent noise is inside k(x_*, x_*), so no "1 +".
+    For 'step', line 7 is eps + (1 - 2 eps) Phi(f_bar_* / sqrt(V[f_*])) (K&G 26):
+    the latent noise is inside k(x_*, x_*), so no "1 +".
     """
     n = nu_tilde.shape[0]
     sS = np.sqrt(tau_tilde)
     if L is None:
-        L = np.linalg.cholesky(_form_B(K, sS))                # line 2: L := cholesky(I + S~^1/2 K S~^1/2)
+        L = _cholesky(_form_B(K, sS))                         # line 2: L := cholesky(I + S~^1/2 K S~^1/2)
     z = sS * solve_lower_transpose(L, solve_lower(L, sS * (K @ nu_tilde)))  # line 3: z := S~^1/2 L^T\(L\(S~^1/2 K nu~))
     f_bar_star = K_star.T @ (nu_tilde - z)                    # line 4: f_bar_* := k(x_*)^T (nu~ - z)  (3.60, 3.71)
     sSK = np.empty_like(K_star)
@@ -1792,10 +1814,7 @@ def ep_log_Z_grad(K, X, kernel, log_hyp, nu_tilde, tau_tilde, L, discrete=None):
     n = nu_tilde.shape[0]
     sS = np.sqrt(tau_tilde)
     b = nu_tilde - sS * solve_lower_transpose(L, solve_lower(L, sS * (K @ nu_tilde)))
-    R = cholesky_inverse(L)
-    for i in range(n):
-        for j in range(n):
-            R[i, j] *= sS[i] * sS[j]
+    R = _mirror_scaled(_potri_lower(L), sS)                   # R = S~^1/2 B^-1 S~^1/2 (K&R 52)
     p = log_hyp.shape[0]
     grad = np.empty(p)
     for j in range(p):
@@ -2250,22 +2269,20 @@ def ais(K, y, likelihood, T=8000, R=3, step=None, n_leapfrog=None, seed=0, sched
         Temperatures (schedule (t/T)^4, K&R 6.2) and independent runs (in
         parallel; run r seeded by (seed, r), so independent of the thread count).
     step, n_leapfrog : float, int, optional
-        One HMC transition per temperature. Default: at each tau from the
-        largest eigenvalue of K (hmc_step_size, the curvature scaled by tau).
+        One HMC transition per temperature; default from K (hmc_step_size at tau).
     schedule : ndarray, shape (T + 1,), optional
         Any increasing schedule from 0 to 1 instead of (t/T)^4.
 
     Returns
     -------
-    log_Z, log_w (R,), se, acceptance, ess
-        ln Z (the box's return line); ln Z_r of each run (32); the standard
-        error of log_Z (delta method; nan for R = 1); the fraction of accepted
-        HMC transitions; the effective number of runs (sum w)^2 / sum w^2.
+    log_Z, log_w (R,), se, acceptance, ess: ln Z (the box's return line); ln Z_r
+    of each run (32); the standard error of log_Z (delta method; nan for R = 1);
+    accepted fraction of HMC transitions; effective runs (sum w)^2 / sum w^2.
 
     Notes
     -----
-    Departures (see the comment above): lines 4-7 run for all runs at once;
-    line 6 uses f_t-1; the return line is the box's arithmetic mean.
+    Departures (see the comment above): lines 4-7 for all runs at once; line 6
+    uses f_t-1; the return line is the box's arithmetic mean.
     """
     n = y.shape[0]
     tau = _ais_schedule(T, schedule)                          # line 1: temperature schedule tau
@@ -2862,7 +2879,7 @@ def ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L=None
     Kg = difference_covariance(C, y)
     sS = np.sqrt(tau_tilde)
     if L is None:
-        L = np.linalg.cholesky(_form_B(Kg, sS))               # line 2: L := cholesky(I + S~^1/2 Kg S~^1/2)
+        L = _cholesky(_form_B(Kg, sS))                        # line 2: L := cholesky(I + S~^1/2 Kg S~^1/2)
     z = sS * solve_lower_transpose(L, solve_lower(L, sS * (Kg @ nu_tilde)))  # line 3
     b = nu_tilde - z                                          # alpha of (K&G 52)
     p = np.empty((J, m))
@@ -3343,51 +3360,6 @@ _LIKELIHOODS = ("logistic", "probit", "step")
 _METHODS = ("laplace", "ep", "emep")
 
 
-def _as_2d_float(X, name, where=None):
-    """X as a C-contiguous float (n, d) array; ValueError naming `where` and `name` otherwise."""
-    w = f"{where}: " if where else ""
-    try:
-        A = np.asarray(X, dtype=float)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{w}{name} must be numeric, got {type(X).__name__}: {e}") from None
-    if A.ndim == 1:
-        raise ValueError(f"{w}{name} must be 2-D of shape (n_samples, n_features), got shape "
-                         f"{A.shape}; use {name}.reshape(-1, 1) for a single feature")
-    if A.ndim != 2:
-        raise ValueError(f"{w}{name} must be 2-D of shape (n_samples, n_features), got shape {A.shape}")
-    if A.shape[0] == 0 or A.shape[1] == 0:
-        raise ValueError(f"{w}{name} must not be empty, got shape {A.shape}")
-    bad = ~np.isfinite(A)
-    if bad.any():
-        i, j = np.argwhere(bad)[0]
-        raise ValueError(f"{w}{name} must be finite, got {A[i, j]} at row {i}, column {j}")
-    return np.ascontiguousarray(A)
-
-
-def _check_choice(value, name, choices, where=None):
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{where + ': ' if where else ''}{name} must be one of "
-                         f"{', '.join(map(repr, choices))}, got {value!r}")
-    return value
-
-
-def _check_log_hyp(log_hyp, kernel, d, name="log_hyp"):
-    h = np.asarray(log_hyp, dtype=float).ravel()
-    p = n_hyp(kernel, d)
-    if h.shape[0] != p:
-        what = {"se": "(log l, log sf)", "ard": "(log v0, log v1, log w_1, ..., log w_d)",
-                "kg": "(log t0, log t1, log t2, log l_1, ..., log l_d)",
-                "kg_iso": "(log t0, log t1, log t2, log l)"}[kernel]
-        raise ValueError(f"{name} for kernel {kernel!r} on {d} inputs must have length {p} "
-                         f"{what}, got length {h.shape[0]}")
-    if not np.all(np.isfinite(h)):
-        raise ValueError(f"{name} must be finite, got {h}")
-    if np.any(np.abs(h) > _LOG_HYP_MAX):
-        raise ValueError(f"{name} holds {h[np.abs(h) > _LOG_HYP_MAX][0]:g}: log-hyperparameters beyond "
-                         f"+-{_LOG_HYP_MAX:g} overflow the covariance")
-    return np.ascontiguousarray(h)
-
-
 def discrete_flags(discrete, d, name="discrete"):
     """The discrete inputs (K&G 14) as a boolean (d,) array, or None if there are none.
 
@@ -3576,17 +3548,13 @@ def _length_scale_index(kernel, d):
             "kg_iso": [3]}[kernel]
 
 
-def _mode_or_raise(K, y, likelihood, a_init=None):
-    """laplace_mode with numba's linear-algebra error turned into a message about K."""
+def _mode_or_raise(K, y, likelihood, a_init=None, where="laplace_evidence"):
+    """laplace_mode on a K built here (unchecked), a failed Cholesky factor named by
+    _factorisation_failed."""
     try:
         return laplace_mode.unchecked(K, y, likelihood, a_init)
-    except np.linalg.LinAlgError:
-        lam = np.linalg.eigvalsh(K)[[0, -1]]
-        why = (f"K is not positive semidefinite in floating point (eigenvalues from {lam[0]:.3g} "
-               f"to {lam[1]:.3g}: rounding errors of K exceed its smallest eigenvalues; lower the "
-               "signal variance or add jitter to the diagonal of K)" if lam[0] < 0 else
-               "check the covariance function and its hyperparameters")
-        raise ValueError("B = I + W^1/2 K W^1/2 has no Cholesky factor: " + why) from None
+    except np.linalg.LinAlgError as e:
+        raise _factorisation_failed(where, "laplace_mode", e, [("K", K)]) from None
 
 
 @public(kernel="{se,ard,kg,kg_iso}", likelihood="{logistic,probit}", X="X", y="(n,) pm1 nonempty", log_hyp="(p,) loghyp",
@@ -3599,7 +3567,7 @@ def laplace_evidence(X, y, log_hyp, kernel="se", likelihood="logistic", a_init=N
     Returns (log_q, grad, mode) with mode the LaplaceMode of laplace_mode
     (grad is None unless eval_gradient).
     """
-    K = kernel_matrix(kernel, X, X, log_hyp, discrete)
+    K = kernel_matrix.unchecked(kernel, X, X, log_hyp, discrete)
     mode = _mode_or_raise(K, y, likelihood, a_init)
     grad = None
     if eval_gradient:
@@ -3615,12 +3583,11 @@ def multiclass_evidence(X, Y, log_hyp, kernel="se", a_init=None, eval_gradient=T
 
     Y is one-hot (C, n). Returns (log_q, grad (C, p) or None, MultiLaplaceMode).
     """
-    K = np.stack([kernel_matrix(kernel, X, X, h, discrete) for h in log_hyp])
+    K = np.stack([kernel_matrix.unchecked(kernel, X, X, h, discrete) for h in log_hyp])
     try:
         mode = laplace_mode_multiclass.unchecked(K, Y, a_init)
-    except np.linalg.LinAlgError:
-        raise ValueError("K is not positive semidefinite: a Cholesky factor of Algorithm 3.3 "
-                         "failed; check the covariance function and its hyperparameters") from None
+    except np.linalg.LinAlgError as e:
+        raise _factorisation_failed("multiclass_evidence", "laplace_mode_multiclass", e, [("K", K)]) from None
     grad = None
     if eval_gradient:
         grad = laplace_log_q_grad_multiclass.unchecked(K, X, kernel, log_hyp, Y, mode.f_hat, mode.a,
@@ -3690,7 +3657,7 @@ def _ep_damped(K, y, result, likelihood, eps, tol):
     last, log_Z_old = None, np.inf
     for k in range(_EP_DAMPED_SWEEPS):
         try:
-            new = ep.unchecked(K, y, nu, tau, tol, 1, "natural", 0, likelihood, eps)
+            new = ep.unchecked(K, y, nu, tau, tol=tol, max_sweeps=1, likelihood=likelihood, eps=eps)
         except np.linalg.LinAlgError:
             break
         last = new._replace(n_sweeps=result.n_sweeps + k + 1)
@@ -4486,10 +4453,6 @@ def exact_log_evidence_probit(K, y, releps=1e-5, abseps=1e-14, maxpts=None):
     return float(np.log(p))
 
 
-_NOT_PSD_EP = ("K is not positive semidefinite: B = I + S^1/2 K S^1/2 has no Cholesky factor; "
-               "check the covariance function and its hyperparameters")
-
-
 @public(kernel="{se,ard,kg,kg_iso}", likelihood="{probit,step}", X="X", y="(n,) pm1 nonempty", log_hyp="(p,) loghyp",
         eval_gradient="bool", discrete="(d,) flags ?", eps="eps", tol="nonneg")
 def ep_evidence(X, y, log_hyp, kernel="se", sites=None, eval_gradient=True, discrete=None,
@@ -4501,12 +4464,12 @@ def ep_evidence(X, y, log_hyp, kernel="se", sites=None, eval_gradient=True, disc
     tol: ep's convergence tolerance. Returns (log_Z, grad, result) with
     result the EPResult of ep.
     """
-    K = kernel_matrix(kernel, X, X, log_hyp, discrete)
+    K = kernel_matrix.unchecked(kernel, X, X, log_hyp, discrete)
     nu0, tau0 = (None, None) if sites is None else sites
     try:
-        res = ep.unchecked(K, y, nu0, tau0, tol, 100, "natural", 0, likelihood, eps)
-    except np.linalg.LinAlgError:
-        raise ValueError(_NOT_PSD_EP) from None
+        res = ep.unchecked(K, y, nu0, tau0, tol=tol, likelihood=likelihood, eps=eps)
+    except np.linalg.LinAlgError as e:
+        raise _factorisation_failed("ep_evidence", "ep", e, [("K", K)]) from None
     _warn_skipped(res, "ep_evidence")
     grad = None
     if eval_gradient:
@@ -4524,12 +4487,12 @@ def multiclass_ep_evidence(X, Y, log_hyp, kernel="kg", sites=None, eval_gradient
     (K&G 38). The gradient is eq. 31 at the EP fixed point, which equals
     d log Z_EP / d log_hyp there (K&G Theorem 1). Returns (log_Z, grad, result).
     """
-    C = kernel_matrix(kernel, X, X, log_hyp, discrete)
+    C = kernel_matrix.unchecked(kernel, X, X, log_hyp, discrete)
     nu0, tau0 = (None, None) if sites is None else sites
     try:
         res = ep_multiclass.unchecked(C, Y, nu0, tau0)
-    except np.linalg.LinAlgError:
-        raise ValueError(_NOT_PSD_EP) from None
+    except np.linalg.LinAlgError as e:
+        raise _factorisation_failed("multiclass_ep_evidence", "ep_multiclass", e, [("C", C)]) from None
     grad = None
     if eval_gradient:
         grad = em_ep_grad_multiclass.unchecked(C, Y, X, kernel, log_hyp, res.mu, res.Sigma, discrete)[1]
@@ -4717,7 +4680,7 @@ def cross_validate(X, y, method="laplace", likelihood="probit", n_folds=10, seed
     seed = _SCALARS["seed"](seed, "seed", ctx)
     max_iter = _SCALARS["count"](max_iter, "max_iter", ctx)
     _check_executor(executor, "cross_validate")
-    X = _as_2d_float(X, "X", "cross_validate")
+    X = _check("X", X, "X", "cross_validate")
     y_pm, _ = binary_labels(y, "y", "cross_validate")
     n = X.shape[0]
     if y_pm.shape[0] != n:
@@ -4725,7 +4688,7 @@ def cross_validate(X, y, method="laplace", likelihood="probit", n_folds=10, seed
     if not isinstance(n_folds, (int, np.integer)) or not 2 <= n_folds <= n:
         raise ValueError(f"cross_validate: n_folds must be an integer from 2 to the number of samples ({n}), got {n_folds!r}")
     h0 = (np.array([0.5 * np.log(X.shape[1]), 1.0]) if log_hyp0 is None
-          else _named_errors("cross_validate", _check_log_hyp, log_hyp0, "se", X.shape[1], "log_hyp0"))
+          else _check_log_hyp(log_hyp0, "se", X.shape[1], "log_hyp0", "cross_validate"))
     folds = np.array_split(np.random.default_rng(seed).permutation(n), n_folds)
     args = [(X, y_pm, test, method, likelihood, h0, max_iter) for test in folds]
     if executor is None:
@@ -4746,7 +4709,8 @@ def _progress(iterable, total, progress, desc):
     return tqdm(iterable, total=total, desc=desc)
 
 
-@public(n_samples="count", seed="seed", progress="bool")
+@public(X="X", kernel="{se}", likelihood="{logistic,probit,step}", method="{laplace,ep,emep}",
+        n_samples="count", seed="seed", progress="bool")
 def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", method="laplace",
                   X_test=None, y_test=None, progress=True, n_samples=1000, seed=0, executor=None):
     """Approximate log evidence on a grid of (log l, log sf), for contour figures.
@@ -4776,13 +4740,9 @@ def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", met
     Workers run numba with one thread each. See the README, "Running grids
     on a cluster".
     """
-    _check_choice(kernel, "kernel", ("se",), "evidence_grid")
-    _check_choice(likelihood, "likelihood", _LIKELIHOODS, "evidence_grid")
-    _check_choice(method, "method", _METHODS, "evidence_grid")
     if method == "ep" and likelihood != "probit":
         raise ValueError(f"evidence_grid: method 'ep' needs likelihood 'probit', got likelihood={likelihood!r}")
     _check_executor(executor, "evidence_grid")
-    X = _as_2d_float(X, "X", "evidence_grid")
     idx, classes = class_labels(y, "y", "evidence_grid")
     C = classes.shape[0]
     multi = C > 2
@@ -4801,7 +4761,7 @@ def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", met
     if with_test:
         if X_test is None or y_test is None:
             raise ValueError("evidence_grid: X_test and y_test must be given together")
-        X_test = _as_2d_float(X_test, "X_test", "evidence_grid")
+        X_test = _check("X", X_test, "X_test", "evidence_grid")
         if X_test.shape[1] != X.shape[1]:
             raise ValueError(f"evidence_grid: X_test must have {X.shape[1]} features, got {X_test.shape[1]}")
         y_test = np.asarray(y_test)
@@ -4965,7 +4925,7 @@ def _evidence_grid_row(X, y_pm, idx, C, log_ell, kernel, likelihood, method, X_t
                 kss = kernel_diag.unchecked(kernel, X_test, h)
                 P, _, _ = laplace_predict_multiclass.unchecked(
                     np.stack([Kc] * C), y_pm, res.f_hat, np.stack([Ks] * C), np.stack([kss] * C),
-                    n_samples, seed, res.E, res.M, multiclass_G.unchecked(res.E, res.M))
+                    S=n_samples, seed=seed, E=res.E, M=res.M, G=multiclass_G.unchecked(res.E, res.M))
                 info[j] = information_bits_multiclass(P.T, yt_idx, idx)
                 err[j] = np.mean(np.argmax(P, axis=0) != yt_idx)
             elif X_test is not None:
@@ -4973,11 +4933,9 @@ def _evidence_grid_row(X, y_pm, idx, C, log_ell, kernel, likelihood, method, X_t
                 K_star = kernel_matrix.unchecked(kernel, X, X_test, h)
                 kss = kernel_diag.unchecked(kernel, X_test, h)
                 if method == "laplace":
-                    p, _, _ = laplace_predict.unchecked(res.f_hat, K, y_pm, likelihood, K_star, kss,
-                                                        "average", res.L)
+                    p, _, _ = laplace_predict.unchecked(res.f_hat, K, y_pm, likelihood, K_star, kss, L=res.L)
                 else:
-                    p, _, _ = ep_predict.unchecked(res.nu_tilde, res.tau_tilde, K, K_star, kss, res.L,
-                                                   "probit", 0.0)
+                    p, _, _ = ep_predict.unchecked(res.nu_tilde, res.tau_tilde, K, K_star, kss, L=res.L)
                 info[j] = information_bits(p, yt_pm, y_pm)
                 err[j] = np.mean(np.where(p > 0.5, 1.0, -1.0) != yt_pm)
     return (log_q, info, err, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)],
@@ -5003,8 +4961,8 @@ def _warn_acceptance(acc, where, what="HMC"):
                       RuntimeWarning, stacklevel=3)
 
 
-@public(kernel="{se,ard,kg,kg_iso}", likelihood="{logistic,probit}", n_samples="count", step="positive ?", n_leapfrog="count ?",
-        burn_in="count0", thin="count", seed="seed", sampler="{hmc,elliptical}")
+@public(X="X", kernel="{se,ard,kg,kg_iso}", log_hyp="(p,) loghyp", likelihood="{logistic,probit}", n_samples="count",
+        step="positive ?", n_leapfrog="count ?", burn_in="count0", thin="count", seed="seed", sampler="{hmc,elliptical}")
 def mcmc_posterior(X, y, log_hyp, X_test=None, kernel="se", likelihood="probit", n_samples=2000,
                    step=None, n_leapfrog=None, burn_in=200, thin=1, seed=0, sampler="hmc"):
     """Posterior latent samples by HMC and MCMC predictions (K&R section 6.1).
@@ -5021,13 +4979,10 @@ def mcmc_posterior(X, y, log_hyp, X_test=None, kernel="se", likelihood="probit",
     'elliptical' the dict holds 'evaluations' (likelihood evaluations per
     transition) instead of 'acceptance', and step and n_leapfrog are unused.
     """
-    X = _as_2d_float(X, "X", "mcmc_posterior")
     y_pm, classes = binary_labels(y, "y", "mcmc_posterior")
     if y_pm.shape[0] != X.shape[0]:
         raise ValueError(f"mcmc_posterior: X and y must have the same number of samples, got {X.shape[0]} and {y_pm.shape[0]}")
-    _check_choice(likelihood, "likelihood", _LIKELIHOODS, "mcmc_posterior")
-    h = _check_log_hyp(log_hyp, kernel, X.shape[1])
-    _check_choice(sampler, "sampler", ("hmc", "elliptical"), "mcmc_posterior")
+    h = log_hyp
     if sampler == "elliptical" and (step is not None or n_leapfrog is not None):
         raise ValueError("mcmc_posterior: step and n_leapfrog are for sampler 'hmc'; elliptical slice "
                          "sampling has no step size")
@@ -5041,7 +4996,7 @@ def mcmc_posterior(X, y, log_hyp, X_test=None, kernel="se", likelihood="probit",
         out = {"F": F, "acceptance": acc, "classes": classes, "ess": ess}
     K = K + 1e-8 * np.max(np.diag(K)) * np.eye(X.shape[0])  # the jitter the samplers used
     if X_test is not None:
-        X_test = _as_2d_float(X_test, "X_test", "mcmc_posterior")
+        X_test = _check("X", X_test, "X_test", "mcmc_posterior")
         p, _ = mcmc_predict(F, K, likelihood, kernel_matrix(kernel, X, X_test, h),
                             kernel_diag(kernel, X_test, h))
         out["p_test"] = p
@@ -5088,13 +5043,11 @@ def hmc_step_size(K, likelihood):
     autocorrelation time of a latent 2.8-5.5; a third of this step accepted
     0.97-1.00 with times up to 52.
     """
-    K = np.asarray(K, dtype=float)
-    _check_choice(likelihood, "likelihood", ("logistic", "probit"), "hmc_step_size")
     step, n_leapfrog = _auto_step(float(np.linalg.eigvalsh(K)[-1]), likelihood, 1.0)
     return float(step), int(n_leapfrog)
 
 
-@public(likelihood="{logistic,probit}", log_ell="grid", log_sf="grid", T="count",
+@public(X="X", likelihood="{logistic,probit}", log_ell="grid", log_sf="grid", T="count",
         R="count", n_leapfrog="count", seed="seed", progress="bool")
 def ais_grid(X, y, log_ell, log_sf, likelihood="probit", T=8000, R=3, step="auto", n_leapfrog=10,
              seed=0, progress=True, executor=None):
@@ -5118,7 +5071,6 @@ def ais_grid(X, y, log_ell, log_sf, likelihood="probit", T=8000, R=3, step="auto
     is seeded with seed + 1000 (i len(log_ell) + j).
     """
     _check_executor(executor, "ais_grid", parallel=True)
-    X = _as_2d_float(X, "X", "ais_grid")
     y_pm, _ = binary_labels(y, "y", "ais_grid")
     if y_pm.shape[0] != X.shape[0]:
         raise ValueError(f"ais_grid: X and y must have the same number of samples, got {X.shape[0]} and {y_pm.shape[0]}")
@@ -5159,8 +5111,8 @@ def _ais_grid_point(X, y_pm, likelihood, T, R, step, n_leapfrog, log_ell_j, log_
     return lz, se, acc, ess
 
 
-@public(kernel="{se,ard,kg,kg_iso}", likelihood="{logistic,probit}", n_iter="count", n_leapfrog="count", step="positive",
-        seed="seed", progress="bool")
+@public(X="X", kernel="{se,ard,kg,kg_iso}", likelihood="{logistic,probit}", n_iter="count", n_leapfrog="count",
+        step="positive", seed="seed", progress="bool")
 def hmc_hyperparameters(X, y, kernel="ard", likelihood="logistic", log_hyp0=None, n_iter=200,
                         n_leapfrog=20, step=0.1, prior=(-3.0, 3.0), seed=0, progress=False):
     """Samples of the log-hyperparameters by HMC (Williams & Barber section 3.2 and appendix D).
@@ -5173,17 +5125,14 @@ def hmc_hyperparameters(X, y, kernel="ard", likelihood="logistic", log_hyp0=None
     Returns a dict with 'samples' (n_iter, p) (every iteration; discard the
     first third as burn-in, as W&B do), 'log_q' and 'acceptance'.
     """
-    X = _as_2d_float(X, "X", "hmc_hyperparameters")
     y_pm, classes = binary_labels(y, "y", "hmc_hyperparameters")
     if y_pm.shape[0] != X.shape[0]:
         raise ValueError(f"hmc_hyperparameters: X and y must have the same number of samples, got {X.shape[0]} and {y_pm.shape[0]}")
-    _check_choice(kernel, "kernel", _KERNELS, "hmc_hyperparameters")
-    _check_choice(likelihood, "likelihood", _LIKELIHOODS, "hmc_hyperparameters")
     d = X.shape[1]
     if log_hyp0 is None:
         log_hyp0 = (np.concatenate([[0.0, prior[0]], np.full(d, -2.0)]) if kernel == "ard"
                     else np.zeros(2))
-    theta = _check_log_hyp(log_hyp0, kernel, d, "log_hyp0")
+    theta = _check_log_hyp(log_hyp0, kernel, d, "log_hyp0", "hmc_hyperparameters")
     if len(prior) != 2 or not (np.isfinite(prior[0]) and prior[1] > 0):
         raise ValueError(f"hmc_hyperparameters: prior must be (mean, sd) with sd > 0, got {prior!r}")
     m0, s0 = prior
@@ -5218,24 +5167,23 @@ def hmc_hyperparameters(X, y, kernel="ard", likelihood="logistic", log_hyp0=None
     return {"samples": samples, "log_q": log_qs, "acceptance": accepted / n_iter, "classes": classes}
 
 
-@public(kernel="{se,ard,kg,kg_iso}", likelihood="{logistic,probit}")
+@public(X="X", kernel="{se,ard,kg,kg_iso}", likelihood="{logistic,probit}")
 def predict_averaged(X, y, X_test, samples, kernel="ard", likelihood="logistic"):
     """Predictive probabilities of class classes_[1] averaged over hyperparameter samples (W&B eq. 7).
 
     Each sample gives Laplace's averaged prediction (Algorithm 3.2); the
     result is their mean, shape (m,).
     """
-    X = _as_2d_float(X, "X", "predict_averaged")
-    X_test = _as_2d_float(X_test, "X_test", "predict_averaged")
+    X_test = _check("X", X_test, "X_test", "predict_averaged")
     y_pm, _ = binary_labels(y, "y", "predict_averaged")
     samples = np.atleast_2d(np.asarray(samples, dtype=float))
     p = np.zeros(X_test.shape[0])
     for h in samples:
-        h = _check_log_hyp(h, kernel, X.shape[1], "samples")
+        h = _check_log_hyp(h, kernel, X.shape[1], "samples", "predict_averaged")
         K = kernel_matrix(kernel, X, X, h)
-        mode = _mode_or_raise(K, y_pm, likelihood)
-        pi, _, _ = laplace_predict(mode.f_hat, K, y_pm, likelihood, kernel_matrix(kernel, X, X_test, h),
-                                   kernel_diag(kernel, X_test, h), "average", mode.L)
+        mode = _mode_or_raise(K, y_pm, likelihood, where="predict_averaged")
+        pi, _, _ = laplace_predict.unchecked(mode.f_hat, K, y_pm, likelihood, kernel_matrix(kernel, X, X_test, h),
+                                             kernel_diag(kernel, X_test, h), L=mode.L)
         p += pi
     return p / samples.shape[0]
 
@@ -5931,7 +5879,9 @@ def _numba_function(py_func, options):
 # The wrapper (PublicFunction) binds the arguments like Python does, converts
 # and checks each one, calls the njit body and turns what it returns into the
 # namedtuple given by returns=. numba's "Matrix is not positive definite."
-# becomes a ValueError naming the psd arguments, with advice. numba code calls
+# becomes the ValueError of _factorisation_failed, which names the matrix, the
+# algorithm and what is wrong (the Python layer's callers of unchecked bodies
+# use it too, and _check for the checks of an argument). numba code calls
 # the body directly (numba sees the dispatcher, see _typeof_public), so the
 # checks run once, at the door.
 
@@ -6011,7 +5961,7 @@ class _Context:
 
 
 def _fail(exc, ctx, name, message):
-    raise exc(f"{ctx.where}: {name} {message}")
+    raise exc(f"{ctx.where}: {name} {message}" if ctx.where else f"{name} {message}")
 
 
 def _scalar_number(value, name, ctx, integer):
@@ -6234,7 +6184,7 @@ def _zero_one_hint(a):
     return ""
 
 
-def _check_one_hot_py(a, name, ctx):
+def _check_one_hot(a, name, ctx):
     _values(lambda v: (v == 0) | (v == 1), "0 and 1 (one-hot)")(a, name, ctx)
     if a.shape[0] < 2:
         _fail(ValueError, ctx, name, f"must have at least 2 classes (rows), got shape {a.shape}")
@@ -6271,7 +6221,7 @@ _ARRAY_CHECKS = {
     "sym": _check_symmetric,
     "psd": _check_psd,
     "pm1": _values(lambda v: (v == 1) | (v == -1), "-1 and +1", _zero_one_hint),
-    "onehot": _check_one_hot_py,
+    "onehot": _check_one_hot,
     "nonneg": _values(lambda v: v >= 0, "values >= 0"),
     "positive": _values(lambda v: v > 0, "values > 0"),
     "unit": _values(lambda v: (v >= 0) & (v <= 1), "values in [0, 1]"),
@@ -6339,6 +6289,28 @@ def _grid_axis(value, name, ctx):
 
 _WHOLE = {"targets": _targets, "loghyp_any": _log_hyp_any, "X": _data_matrix, "bool": _flag,
           "grid": _grid_axis}
+
+
+def _check(spec, value, name, where=None, kernel=None, d=None):
+    """value checked and converted by a public spec outside a public call: the Python layer's
+    door to the same checks and messages. where: the function named in a message (none if
+    None); kernel and d (the number of inputs): what a "loghyp" length check needs."""
+    ctx = _Context(where)
+    if kernel is not None:
+        ctx.args["kernel"] = kernel
+    if d is not None:
+        ctx.dims["d"] = (d, "X")
+    return _compile_spec(spec)(value, name, ctx)
+
+
+def _check_choice(value, name, choices, where=None):
+    """value, one of the names in choices (a "{a,b}" spec)."""
+    return _choice(tuple(choices))(value, name, _Context(where))
+
+
+def _check_log_hyp(log_hyp, kernel, d, name="log_hyp", where=None):
+    """log_hyp (raveled) as a "(p,) loghyp" spec for `kernel` on d inputs."""
+    return _check("(p,) loghyp", np.ravel(log_hyp), name, where, kernel, d)
 
 
 def _spec_dims(spec):
@@ -6503,6 +6475,57 @@ def _check_allocation(expr, ctx):
                          f"({expr} numbers of 8 bytes), more than this machine's {have / 2 ** 30:.0f} GiB")
 
 
+# The matrix each algorithm factorises, for _factorisation_failed: (matrix, source, EP?).
+_FACTORISES = {
+    "laplace_mode": ("B = I + W^1/2 K W^1/2", "GPML Algorithm 3.1", False),
+    "laplace_predict": ("B = I + W^1/2 K W^1/2", "GPML Algorithm 3.2", False),
+    "laplace_mode_multiclass": ("B_c = I + D_c^1/2 K_c D_c^1/2 or sum_c E_c", "GPML Algorithm 3.3", False),
+    "laplace_predict_multiclass": ("B_c = I + D_c^1/2 K_c D_c^1/2 or sum_c E_c", "GPML Algorithm 3.4", False),
+    "ep": ("B = I + S~^1/2 K S~^1/2", "GPML Algorithm 3.5", True),
+    "ep_predict": ("B = I + S~^1/2 K S~^1/2", "GPML Algorithm 3.6", True),
+    "ep_multiclass": ("B = I + S~^1/2 Kg S~^1/2", "EP on the difference latents, K&G 4.2", True),
+    "ep_predict_multiclass": ("B = I + S~^1/2 Kg S~^1/2", "EP on the difference latents, K&G 4.2", True),
+}
+
+
+def _factorisation_failed(where, body, e, covariances):
+    """The one message (a ValueError) for a Cholesky factorisation that failed inside the body of
+    `body`, raised as `where`, given the covariance matrices it was given, (name, array) pairs.
+
+    The public face and the Python layer's callers of unchecked bodies both use it. A covariance
+    that is not positive semidefinite is named, as the door names it (the door proves psd only up
+    to n = _PSD_PROOF_N, and unchecked calls skip the door); one that is psd to the jitter but has
+    a negative eigenvalue is named as not psd in floating point. Otherwise the covariances are
+    fine: EP's B can still fail when its site precisions grow huge; say so instead of blaming K.
+    """
+    matrix, source, ep_sites = _FACTORISES.get(body, (None, None, False))
+    failed = (f"{matrix} of {body} ({source}) has no Cholesky factor" if matrix
+              else f"a Cholesky factorisation in {body} failed ({e})")
+    covariances = [(name, a) for name, a in covariances if a is not None and a.size > 0]
+    for name, a in covariances:
+        for A in a.reshape(-1, a.shape[-2], a.shape[-1]):
+            message = _not_psd_message(A, name)
+            if message:
+                return ValueError(f"{where}: {name} {message}")
+    for name, a in covariances:
+        for A in a.reshape(-1, a.shape[-2], a.shape[-1]):
+            low, high = np.linalg.eigvalsh(A)[[0, -1]]
+            if low < 0:
+                return ValueError(f"{where}: {failed}: {name} is not positive semidefinite in floating "
+                                  f"point (eigenvalues from {low:.3g} to {high:.3g}: rounding errors of "
+                                  f"{name} exceed its smallest eigenvalues); lower the signal variance or "
+                                  f"add jitter to the diagonal of {name}")
+    names = " and ".join(name for name, _ in covariances) or "the covariance"
+    if ep_sites:
+        return ValueError(f"{where}: {failed}, although {names} is positive semidefinite: EP's site "
+                          f"precisions tau~ are so large that B, >= I in exact arithmetic, lost its "
+                          f"positive definiteness to rounding. Start from smaller sites, add jitter "
+                          f"to the diagonal of {names}, or choose other hyperparameters")
+    return ValueError(f"{where}: {failed}: {names} must be positive definite enough for this step. "
+                      f"Add jitter to the diagonal (e.g. K + 1e-8 * np.eye(n) * K.diagonal().mean()) "
+                      f"or choose other hyperparameters")
+
+
 class PublicFunction:
     """A public function of gpclab: checks and converts its arguments, calls the body.
 
@@ -6545,22 +6568,9 @@ class PublicFunction:
             raise self._factorisation_failed(bound.arguments, e) from None
 
     def _factorisation_failed(self, arguments, e):
-        """The one message for a Cholesky factorisation that failed inside a body: a covariance
-        argument too large for the door's proof (n > _PSD_PROOF_N) that is not positive
-        semidefinite is named as such; otherwise the step needs a better-conditioned matrix."""
-        for name in self._psd:
-            a = arguments[name]
-            if "psd" not in self.spec_text[name].split() or a is None or a.size == 0:
-                continue
-            for A in a.reshape(-1, a.shape[-2], a.shape[-1]):
-                message = _not_psd_message(A, name) if A.shape[0] > _PSD_PROOF_N else None
-                if message:
-                    return ValueError(f"{self.__name__}: {name} {message}")
-        what = " and ".join(self._psd) or "the covariance"
-        return ValueError(f"{self.__name__}: a Cholesky factorisation failed ({e}): {what} "
-                          f"must be positive definite enough for this step. Add jitter to "
-                          f"the diagonal (e.g. K + 1e-8 * np.eye(n) * K.diagonal().mean()) "
-                          f"or choose other hyperparameters")
+        """A Cholesky factorisation failed inside the body: the message of _factorisation_failed."""
+        covariances = [(name, arguments[name]) for name in self._psd if "psd" in self.spec_text[name].split()]
+        return _factorisation_failed(self.__name__, self.__name__, e, covariances)
 
     def unchecked(self, *args, **kwargs):
         """The call without checks. The arguments are only brought to the types that the
@@ -6645,7 +6655,7 @@ def _start_threads():
         get_num_threads()
 
 
-# BLAS dtrsm and LAPACK dpotri, called from numba through scipy's Cython
+# BLAS dtrsm and dsyrk, LAPACK dpotri and dpotrf, called from numba through scipy's Cython
 # exports. Registering the symbol by name keeps the numba cache valid across
 # processes (a ctypes pointer would disable caching). All integer arguments
 # are 32-bit and passed by pointer; a C-order array is the Fortran transpose.
@@ -6654,6 +6664,8 @@ _dtrsm = _c_function("gpclab_dtrsm", get_cython_function_address("scipy.linalg.c
 _dsyrk = _c_function("gpclab_dsyrk", get_cython_function_address("scipy.linalg.cython_blas", "dsyrk"),
                      (types.void, None), 10)
 _dpotri = _c_function("gpclab_dpotri", get_cython_function_address("scipy.linalg.cython_lapack", "dpotri"),
+                      (types.void, None), 5)
+_dpotrf = _c_function("gpclab_dpotrf", get_cython_function_address("scipy.linalg.cython_lapack", "dpotrf"),
                       (types.void, None), 5)
 
 
@@ -6757,7 +6769,7 @@ def _compile_all(paths=None, log=print):
         E = np.stack([np.eye(8)] * 3)
         K3 = np.stack([K] * 3)
         laplace_predict_multiclass.unchecked(K3, Y, np.zeros((3, 8)), K3[:, :, :3].copy(), np.ones((3, 3)),
-                                             10, 0, E, np.eye(8), multiclass_G.unchecked(E, np.eye(8)))
+                                             S=10, seed=0, E=E, M=np.eye(8), G=multiclass_G.unchecked(E, np.eye(8)))
 
     def truncated():
         C = Kj[:3, :3] + np.eye(3)

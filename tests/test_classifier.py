@@ -158,7 +158,8 @@ def test_predict_rejects_bad_input():
 
 def test_not_positive_definite_K_is_reported():
     K = np.array([[1.0, 2.0], [2.0, 1.0]])  # eigenvalues 3 and -1
-    with pytest.raises(ValueError, match="K is not positive semidefinite"):
+    with pytest.raises(ValueError, match="laplace_evidence: K must be positive semidefinite .*smallest "
+                                         "eigenvalue is -100"):
         gpclab._mode_or_raise(K * 100, np.array([1.0, -1.0]), "logistic")
 
 

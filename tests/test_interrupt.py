@@ -43,6 +43,8 @@ Ks = np.stack([gpclab.kernel_matrix("se", X, Xs, [0.0, 0.5])] * 3)
 kss = np.ones((3, 200))
 labels = np.where(y > 0, "a", "b")
 Xbig = r.standard_normal((2000, 10000))
+Y4 = gpclab.one_hot(np.arange(60) % 4, 4)
+em4 = gpclab.ep_multiclass(K, Y4)
 
 
 def loop(f):
@@ -60,6 +62,10 @@ CALLS = {
     "laplace_predict_multiclass": (
         lambda: gpclab.laplace_predict_multiclass(Kc, Y, mm.f_hat, Ks, kss, 10),
         lambda: gpclab.laplace_predict_multiclass(Kc, Y, mm.f_hat, Ks, kss, 10 ** 7)),
+    "ep_predict_multiclass": (  # four classes: three differences, integrated by QMC points
+        lambda: gpclab.ep_predict_multiclass(em4.nu_tilde, em4.tau_tilde, K, Y4, Ks[0], kss[0], n_points=100),
+        lambda: gpclab.ep_predict_multiclass(em4.nu_tilde, em4.tau_tilde, K, Y4, Ks[0], kss[0],
+                                             n_points=10 ** 9)),
     "ep_multiclass": (lambda: gpclab.ep_multiclass(K, Y, max_sweeps=2),
                       lambda: gpclab.ep_multiclass(K, Y, tol=0.0, max_sweeps=10 ** 8)),
     "em_ep": (lambda: gpclab.em_ep(X, labels, kernel="kg_iso", max_iter=1),
@@ -128,7 +134,7 @@ for line in sys.stdin:
 """
 
 NAMES = ["laplace_mode (loop)", "ep", "laplace_mode_multiclass (loop)", "laplace_predict_multiclass",
-         "ep_multiclass", "em_ep", "ml2 (loop)", "GPClassifier.fit (restarts)", "cross_validate (loop)",
+         "ep_predict_multiclass", "ep_multiclass", "em_ep", "ml2 (loop)", "GPClassifier.fit (restarts)", "cross_validate (loop)",
          "evidence_grid",
          "hmc_latent", "hmc_latent (leapfrog)", "elliptical_slice_latent", "ais", "ais (leapfrog)",
          "mcmc_posterior", "ais_grid", "hmc_hyperparameters",

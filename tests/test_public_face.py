@@ -119,7 +119,8 @@ def _valid():
                     max_iter=3, method="laplace", hyp_prior=None, discrete=None, eps=0.0),
         "em_ep": dict(X=X, y=y, log_hyp0=None, kernel="kg_iso", eps0=0.0, learn_eps=False, max_iter=2,
                       tol=1e-4, bounds=None, m_step_iter=2, discrete=None),
-        "evidence_grid": dict(X=X, y=y, log_ell=[0.0], log_sf=[0.0], n_samples=10, seed=0, progress=False),
+        "evidence_grid": dict(X=X, y=y, log_ell=[0.0], log_sf=[0.0], kernel="se", likelihood="logistic",
+                              method="laplace", n_samples=10, seed=0, progress=False),
         "mcmc_posterior": dict(X=X, y=y, log_hyp=h, kernel="se", likelihood="probit", n_samples=5,
                                step=0.1, n_leapfrog=2, burn_in=1, thin=1, seed=0, sampler="hmc"),
         "hmc_step_size": dict(K=K, likelihood="probit"),
@@ -581,3 +582,92 @@ def test_counts_that_cannot_fit_in_memory_are_refused_at_once(call, name):
         call(K, y)
     need = float(str(info.value).split("would need ")[1].split(" GiB")[0].replace(",", ""))
     assert need * 2 ** 30 > gpclab._memory_bytes()
+
+
+# --- one message for a failed factorisation, whoever called the body -------------------------
+
+def _rank_deficient_problem():
+    """K = [[1, 1, 0], [1, 1, 0], [0, 0, 1]] (psd, eigenvalues 0, 1, 2 exactly): with site
+    precisions of 1e17 the 2 x 2 block of B = I + S~^1/2 K S~^1/2 rounds to a singular one."""
+    X = np.array([[0.0], [0.0], [50.0]])
+    K = gpclab.kernel_matrix("se", X, X, [0.0, 0.0])
+    assert np.array_equal(np.linalg.eigvalsh(K), [0.0, 1.0, 2.0])
+    return X, np.array([1.0, 1.0, -1.0]), K, (np.zeros(3), np.full(3, 1e17))
+
+
+_EP_SITES = (r"B = I \+ S~\^1/2 K S~\^1/2 of ep \(GPML Algorithm 3.5\) has no Cholesky factor, although K "
+             r"is positive semidefinite: EP's site precisions tau~ are so large")
+
+
+def test_ep_whose_B_fails_with_a_good_K_says_so_instead_of_blaming_K():
+    X, y, K, (nu, tau) = _rank_deficient_problem()
+    with pytest.raises(ValueError, match="^ep: " + _EP_SITES):
+        gpclab.ep(K, y, nu, tau, max_sweeps=1)
+    with pytest.raises(ValueError, match="^ep_evidence: " + _EP_SITES):
+        gpclab.ep_evidence(X, y, [0.0, 0.0], sites=(nu, tau), eval_gradient=False)
+
+
+def _huge_signal_variance():
+    """At log sf = 20, K of 40 inputs has eigenvalues down to about -500 in floating point."""
+    X = np.linspace(-3, 3, 40)[:, None]
+    K = gpclab.kernel_matrix("se", X, X, [0.0, 20.0])
+    assert np.linalg.eigvalsh(K)[0] < -1.0
+    return X, np.where(X[:, 0] > 0, 1.0, -1.0)
+
+
+_FLOATING = (r"has no Cholesky factor: K is not positive semidefinite in floating point \(eigenvalues "
+             r"from -\d.* to .*: rounding errors of K exceed its smallest eigenvalues\)")
+
+
+def test_laplace_callers_name_B_the_algorithm_and_K_in_floating_point():
+    X, y = _huge_signal_variance()
+    B = r"B = I \+ W\^1/2 K W\^1/2 of laplace_mode \(GPML Algorithm 3.1\) "
+    with pytest.raises(ValueError, match="^laplace_evidence: " + B + _FLOATING):
+        gpclab.laplace_evidence(X, y, [0.0, 20.0], eval_gradient=False)
+    with pytest.raises(ValueError, match="^predict_averaged: " + B + _FLOATING):
+        gpclab.predict_averaged(X, y, X[:3], [[0.0, 20.0]], kernel="se")
+    K = gpclab.kernel_matrix("se", X, X, [0.0, 20.0])
+    with pytest.raises(ValueError, match="^laplace_mode: " + B + _FLOATING):
+        gpclab.laplace_mode(K, y, "logistic")            # the face, after the door let K pass
+
+
+def test_multiclass_evidence_names_algorithm_3_3_and_K_in_floating_point():
+    X, _ = _huge_signal_variance()
+    Y = gpclab.one_hot(np.minimum((X[:, 0] + 3) // 2, 2).astype(int), 3)
+    with pytest.raises(ValueError, match=r"^multiclass_evidence: B_c = I \+ D_c\^1/2 K_c D_c\^1/2 or sum_c E_c "
+                                         r"of laplace_mode_multiclass \(GPML Algorithm 3.3\) " + _FLOATING):
+        gpclab.multiclass_evidence(X, Y, np.tile([0.0, 20.0], (3, 1)), eval_gradient=False)
+
+
+def test_multiclass_ep_evidence_does_not_blame_a_good_C(monkeypatch):
+    """ep_multiclass bounds its step sites (so B does not fail on a psd C in practice): a
+    LinAlgError is made to happen, to check what multiclass_ep_evidence makes of it."""
+    class Failing:
+        @staticmethod
+        def unchecked(*args, **kwargs):
+            raise np.linalg.LinAlgError("Matrix is not positive definite.")
+    monkeypatch.setattr(gpclab, "ep_multiclass", Failing)
+    X = np.linspace(-1, 1, 6)[:, None]
+    Y = gpclab.one_hot(np.arange(6) % 3, 3)
+    with pytest.raises(ValueError, match=r"^multiclass_ep_evidence: B = I \+ S~\^1/2 Kg S~\^1/2 of ep_multiclass "
+                                         r"\(EP on the difference latents, K&G 4.2\) has no Cholesky factor, "
+                                         r"although C is positive semidefinite"):
+        gpclab.multiclass_ep_evidence(X, Y, [0.0, 0.0, 0.0, 0.0], eval_gradient=False)
+
+
+def test_a_failed_factorisation_is_named_alike_by_the_face_and_the_python_layer():
+    """The same failure (an indefinite K whose 2 x 2 minors are all >= 0) gives the same words
+    after the function's name, from the door and from a Python caller of the unchecked body."""
+    K = 100 * np.array([[1.0, 0.9, -0.9], [0.9, 1.0, 0.9], [-0.9, 0.9, 1.0]])
+    assert np.linalg.eigvalsh(K)[0] == pytest.approx(-80.0)
+    y = np.array([1.0, -1.0, 1.0])
+    messages = []
+    for call in (lambda: gpclab.laplace_mode(K, y, "logistic"),
+                 lambda: gpclab._mode_or_raise(K, y, "logistic")):
+        with pytest.raises(ValueError) as info:
+            call()
+        messages.append(str(info.value).split(": ", 1))
+    assert [m[0] for m in messages] == ["laplace_mode", "laplace_evidence"]
+    assert messages[0][1] == messages[1][1]
+    assert messages[0][1].startswith("K must be positive semidefinite (a covariance matrix): its smallest "
+                                     "eigenvalue is -80")
