@@ -266,7 +266,7 @@ def test_ml2_refuses_one_class(y):
     (lambda m, X: m.predict_proba(X, rule="mean"), ValueError, "GPClassifier.predict_proba: rule must be one of"),
     (lambda m, X: m.predict_latent(X[:, 0]), ValueError, "GPClassifier.predict_latent: Expected 2D array"),
     (lambda m, X: m.log_marginal_likelihood([0.0, 1.0, 2.0]), ValueError,
-     "GPClassifier.log_marginal_likelihood: log_hyp for kernel 'se' on 2 inputs must have length 2"),
+     "GPClassifier.log_marginal_likelihood: log_hyp for kernel 'se' on d = 2 inputs must have length 2"),
     (lambda m, X: GPClassifier(log_hyp=[0.0, 1.0, 2.0]).fit(X, m.classes_[[0, 1] * 20]), ValueError,
      "GPClassifier.fit: log_hyp for kernel 'se'"),
     (lambda m, X: GPClassifier(discrete=[7]).fit(X, m.classes_[[0, 1] * 20]), ValueError,
