@@ -1672,6 +1672,12 @@ def _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L, noise=1.0, eps=0.0):
 # The rank-one updates of line 10 are collected over 48 consecutive sites and
 # applied to Sigma together (_rank_one_update).
 
+@njit(cache=True)
+def _ep_tau_max(K):
+    """The largest site precision ep allows: 1 / (sqrt(u) max_i K_ii) (see the comment above)."""
+    return 1.0 / (_SQRT_U * max(np.diag(K).max(), 1e-300))
+
+
 @public(returns=EPResult, together=(("nu_tilde_init", "tau_tilde_init"),),
         K="(n, n) psd", y="(n,) pm1 nonempty", nu_tilde_init="(n,) ?0",
         tau_tilde_init="(n,) nonneg ?0", tol="nonneg", max_sweeps="count", order="{natural,random}",
@@ -1707,7 +1713,7 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
     """
     n = y.shape[0]
     noise = 1.0 if likelihood == "probit" else 0.0            # probit: a step site of f + N(0, 1) noise
-    tau_max = 1.0 / (_SQRT_U * max(np.diag(K).max(), 1e-300))  # see the comment above
+    tau_max = _ep_tau_max(K)                                  # see the comment above
     # departs from line 2: warm-started from the sites given (zeros are the box's start)
     nu_tilde, tau_tilde, Sigma, mu = _ep_init(K, nu_tilde_init, tau_tilde_init)  # line 2: nu~ := 0, tau~ := 0, Sigma := K, mu := 0
     if order == "random":
@@ -3621,7 +3627,7 @@ def _warn_not_converged(result, where, K=None, likelihood=None):
         msg = (f"{where}: EP did not converge in {result.n_sweeps} sweeps{damped} (last relative "
                f"change of a site parameter {result.delta:.2e}); the last sites are used")
         if K is not None and np.ndim(result.tau_tilde) == 1:
-            tau_max = 1.0 / (_SQRT_U * max(float(np.max(np.diag(K))), 1e-300))
+            tau_max = _ep_tau_max(K)
             n_cap = int(np.sum(result.tau_tilde >= tau_max * (1.0 - 1e-9)))
             if n_cap and likelihood == "step":
                 msg += (f". {n_cap} site(s) sit at the largest precision EP allows (tau~ = {tau_max:.3g}, "
