@@ -63,15 +63,41 @@ Glossary (code name: book symbol):
     of the multi-class difference latents g (K&G 43)
 """
 
+import gc
 import inspect
 import math
 import os
 import re
 import warnings
 from collections import namedtuple
+from contextlib import contextmanager
 
-import numpy as np
-from numba import prange
+
+@contextmanager
+def _lasting():
+    """Around imports, and Part III's assembly of gpclab's functions: what they make lasts as long
+    as the process, and two of its costs are spared (0.3-0.5 s of CPU in a new process's first
+    cell; README, "A busy hub").
+    - Python's garbage collector pauses meanwhile, and afterwards never scans those objects again
+      (gc.freeze). Cycles made before gpclab was imported are frozen too: freed when the process ends.
+    - An OpenBLAS loaded meanwhile (scipy's) lets its idle threads sleep at once, instead of each
+      spinning 0.1 s of CPU first: OPENBLAS_THREAD_TIMEOUT=4 while loading, unless it is set."""
+    enabled = gc.isenabled()
+    gc.disable()
+    blas = os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4") if "OPENBLAS_THREAD_TIMEOUT" not in os.environ else None
+    try:
+        yield
+    finally:
+        if blas is not None:
+            del os.environ["OPENBLAS_THREAD_TIMEOUT"]
+        gc.freeze()
+        if enabled:
+            gc.enable()
+
+
+with _lasting():
+    import numpy as np
+    from numba import prange
 
 __version__ = "0.1.0"
 
@@ -3611,7 +3637,7 @@ def _warn_skipped(result, where):
                       RuntimeWarning, stacklevel=3)
 
 
-def _warn_not_converged(result, where, K=None, likelihood=None):
+def _warn_not_converged(result, where, K=None, likelihood=None, stacklevel=3):
     """Turn a convergence flag of laplace_mode or ep into a RuntimeWarning (and skipped EP sites).
 
     For binary EP given its K and likelihood, the message says what failed: the
@@ -3640,7 +3666,7 @@ def _warn_not_converged(result, where, K=None, likelihood=None):
     else:
         msg = (f"{where}: Newton's method did not converge in {result.n_iter} steps; "
                "the last iterate is used")
-    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+    warnings.warn(msg, RuntimeWarning, stacklevel=stacklevel)
 
 
 _EP_SWEEPS = 100           # ep's sweeps in ep_evidence
@@ -3860,8 +3886,6 @@ def _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_p
     return x.reshape(shape), -float(res.fun), res, notes
 
 
-from sklearn.base import BaseEstimator, ClassifierMixin  # noqa: E402  (scikit-learn's estimator API)
-
 
 def _named_errors(where, call, *args, **kwargs):
     """call(*args, **kwargs), with its ValueError or TypeError (scikit-learn's checks of X and y)
@@ -3874,7 +3898,10 @@ def _named_errors(where, call, *args, **kwargs):
         raise type(e)(f"{where}: {e}") from None
 
 
-class GPClassifier(ClassifierMixin, BaseEstimator):
+# GPClassifier(ClassifierMixin, BaseEstimator) is this class with scikit-learn's estimator bases,
+# made when gpclab.GPClassifier is first used (Part III, __getattr__): importing gpclab does not
+# import scikit-learn, 0.6 s of a new process's first cell, which only the estimator needs.
+class _GPClassifier:
     """Gaussian-process classifier in the scikit-learn style.
 
     Two classes: binary GPC with the logistic or probit likelihood by Laplace
@@ -4131,6 +4158,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         and checked at prediction); y : n labels of any one type, two or more
         classes. A second fit starts from a clean state.
         """
+        with _blas_threads_for([X]):     # ML-II's own numpy between gpclab's calls too
+            return self._fit(X, y)
+
+    def _fit(self, X, y):
         from sklearn.utils.validation import validate_data
 
         for key in [k for k in vars(self) if k.endswith("_") and not k.startswith("_")]:
@@ -4233,7 +4264,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             if self.hyp_prior is not None:
                 notes.pop("plateau", None)
             for note in notes.values():     # of the best run: a start on the plateau is what restarts are for
-                warnings.warn("GPClassifier.fit: ML-II " + note, RuntimeWarning, stacklevel=2)
+                warnings.warn("GPClassifier.fit: ML-II " + note, RuntimeWarning, stacklevel=3)
         log_hyp = np.ascontiguousarray(h0, dtype=float)
         class_hyp = (np.tile(log_hyp, (C, 1)) if multiclass and method == "laplace" and log_hyp.ndim == 1
                      else log_hyp)
@@ -4245,11 +4276,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             K = np.stack([kernel_matrix(kernel, X, X, h, discrete) for h in class_hyp])
         else:
             K = kernel_matrix(kernel, X, X, log_hyp, discrete)
-        _warn_not_converged(res, "GPClassifier.fit", None if multiclass else K, likelihood)
+        _warn_not_converged(res, "GPClassifier.fit", None if multiclass else K, likelihood, stacklevel=4)
         if emep is not None and not emep.converged:
             warnings.warn(f"GPClassifier.fit: EM-EP did not converge in {emep.n_iter} rounds "
                           f"(tol {self.tol}); the last hyperparameters are used", RuntimeWarning,
-                          stacklevel=2)
+                          stacklevel=3)
         # every fitted attribute is set here, at the end: a fit that fails leaves none
         self.kernel_, self.likelihood_, self.multiclass_, self.discrete_ = kernel, likelihood, multiclass, discrete
         self.seed_ = seed
@@ -4646,6 +4677,7 @@ def _cv_fold(X, y, test, method, likelihood, log_hyp0, max_iter):
     mu, sd = X[train].mean(axis=0), X[train].std(axis=0)
     sd = np.where(sd > 0, sd, 1.0)
     Xtr, Xte = (X[train] - mu) / sd, (X[test] - mu) / sd
+    GPClassifier = _estimator()          # gpclab.GPClassifier, made on first use (Part III)
     model = GPClassifier(kernel="se", likelihood=likelihood, method=method, log_hyp=log_hyp0,
                          max_iter=max_iter).fit(Xtr, y[train])
     p = model.predict_proba(Xte)[:, 1]                   # classes_[1] is +1
@@ -5646,14 +5678,17 @@ import difflib
 import functools
 import inspect
 import tempfile
+import threading
 from functools import lru_cache
 
-import llvmlite.binding as _llvm
-import numba
-from numba import config, types
-from numba.core import caching as _caching
-from numba.extending import get_cython_function_address, typeof_impl
-from numba.misc.appdirs import AppDirs as _AppDirs
+with _lasting():
+    import llvmlite.binding as _llvm
+    import numba
+    import scipy.linalg.cython_blas  # noqa: F401  (scipy's OpenBLAS, loaded here: see _lasting)
+    from numba import config, types
+    from numba.core import caching as _caching
+    from numba.extending import get_cython_function_address, typeof_impl
+    from numba.misc.appdirs import AppDirs as _AppDirs
 
 # ----------------------------------------------------------------------------
 # The public face, in short
@@ -5784,6 +5819,15 @@ class _SharedCacheImpl(_caching.CompileResultCacheImpl):
 _cache_warned = []
 
 
+def _runtime_for_cached_code(target_context):
+    """The symbols that numba code loaded from the cache links to, beyond those numba registers
+    when it starts: its runtime (NRT) and the secret of its string hash."""
+    import numba.cpython.hashing  # noqa: F401  (registers _numba_hashsecret_*)
+    from numba.core.runtime import rtsys
+
+    rtsys.initialize(target_context)
+
+
 class _SharedCache(_caching.FunctionCache):
     """numba's FunctionCache reading from every folder of the locator, writing to the first."""
 
@@ -5799,6 +5843,17 @@ class _SharedCache(_caching.FunctionCache):
         # numba's key leaves out LLVM's optimisation level: add it, so that code compiled at
         # another level (NUMBA_OPT) is neither loaded nor overwritten by this one
         return super()._index_key(sig, codegen) + (int(config.OPT),)
+
+    def load_overload(self, sig, target_context):
+        # numba's load_overload refreshes the whole target context first: the first time, 0.15 s
+        # of importing and registering everything numba can compile, a tenth of a new process's
+        # first cell. Code loaded from the cache needs only what it links to: numba's runtime
+        # (NRT) and the string-hash secret; the helpers and gpclab's BLAS symbols are there
+        # already. A compilation still refreshes everything itself (numba's CompilerBase), and
+        # tests/test_deploy.py loads every path of the compile command this way in a new process.
+        _runtime_for_cached_code(target_context)
+        with self._guard_against_spurious_io_errors():
+            return self._load_overload(sig, target_context)
 
     def _load_overload(self, sig, target_context):
         if not self._enabled:
@@ -6422,7 +6477,7 @@ class _blas_threads_for:
     """
 
     def __init__(self, values):
-        dims = [d for v in values if isinstance(v, np.ndarray) for d in v.shape]
+        dims = [d for v in values for d in getattr(v, "shape", ())]      # arrays and DataFrames
         self.active = bool(dims) and max(dims) < _BLAS_ONE_THREAD_BELOW
         self.before = None
 
@@ -6695,12 +6750,44 @@ def _assemble_one(fn):
     return body
 
 
-for _name, _fn in list(globals().items()):
-    if inspect.isfunction(_fn) and _fn.__module__ == __name__ and (
-            hasattr(_fn, "_njit_options") or hasattr(_fn, "_public_specs")):
-        globals()[_name] = _assemble_one(_fn)
-del _name, _fn
+with _lasting():
+    for _name, _fn in list(globals().items()):
+        if inspect.isfunction(_fn) and _fn.__module__ == __name__ and (
+                hasattr(_fn, "_njit_options") or hasattr(_fn, "_public_specs")):
+            globals()[_name] = _assemble_one(_fn)
+    del _name, _fn
 _ASSEMBLED = True          # from now on @njit and @public build at once (functions defined later)
+
+# ----------------------------------------------------------------------------
+# GPClassifier: scikit-learn's estimator, made on first use
+# ----------------------------------------------------------------------------
+
+_estimator_lock = threading.Lock()
+
+
+def _estimator():
+    """GPClassifier, made on first use: _GPClassifier (Part II) with scikit-learn's ClassifierMixin
+    and BaseEstimator as bases. Importing scikit-learn costs 0.6 s (scipy.stats, pandas), which a
+    process that never uses the estimator does not pay."""
+    with _estimator_lock:                  # one class, also when two threads ask at once
+        if "GPClassifier" not in globals():
+            with _lasting():
+                from sklearn.base import BaseEstimator, ClassifierMixin
+            globals()["GPClassifier"] = type("GPClassifier", (_GPClassifier, ClassifierMixin, BaseEstimator),
+                                             {"__module__": __name__, "__qualname__": "GPClassifier",
+                                              "__doc__": _GPClassifier.__doc__})
+    return globals()["GPClassifier"]
+
+
+def __getattr__(name):
+    """gpclab.GPClassifier (see _estimator); other names are not there."""
+    if name == "GPClassifier":
+        return _estimator()
+    raise AttributeError(f"module 'gpclab' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | {"GPClassifier"})
 
 # ============================================================================
 # `python -m gpclab compile`: warm numba's cache for every user of this installation
@@ -6722,6 +6809,7 @@ def _compile_all(paths=None, log=print):
     y[0] = -y[0]
     labels3 = np.array([0, 1, 2, 0, 1, 2, 0, 1])
     grid = np.array([0.0, 0.5])
+    GPClassifier = _estimator()
     K = kernel_matrix("se", X, X, np.zeros(2))
 
     def binary_laplace():

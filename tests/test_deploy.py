@@ -142,11 +142,20 @@ def test_new_compilations_go_to_a_private_cache_and_the_shared_one_is_still_read
     _check_results(second)
 
 
-# Runs in a fresh process: every warmed path again; prints cache misses and the argument
-# types each public function was loaded for.
+# Runs in a fresh process: every warmed path again; prints cache misses, the argument types
+# each public function was loaded for, and how often numba refreshed its whole target context
+# (gpclab's cache loads refresh only what cached code links to: a missing symbol would end the
+# process in LLVM, so running every path proves the rest is not needed).
 PATHS_AGAIN = r"""
 import json, sys
 import numba
+from numba.core import base
+refreshes = []
+refresh = base.BaseContext.refresh
+def counted(self):
+    refreshes.append(1)
+    return refresh(self)
+base.BaseContext.refresh = counted
 import gpclab
 gpclab._compile_all(sys.argv[1:], log=lambda s: None)
 misses, types = 0, {}
@@ -156,7 +165,7 @@ for name in dir(gpclab):
         misses += sum(f.dispatcher.stats.cache_misses.values())
         if f.dispatcher.signatures:
             types[name] = [str(s) for s in f.dispatcher.signatures]
-print(json.dumps({"misses": misses, "types": types}))
+print(json.dumps({"misses": misses, "types": types, "refreshes": len(refreshes)}))
 """
 
 
@@ -179,7 +188,7 @@ def test_compile_in_two_processes_warms_every_path_with_one_type_per_function(tm
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["misses"] == 0
+    assert out["misses"] == 0 and out["refreshes"] == 0
     for name in ("laplace_mode", "ep", "kernel_matrix", "laplace_log_q_grad",
                  "ep_log_Z_grad", "laplace_predict", "ep_predict"):
         assert name in out["types"], sorted(out["types"])
@@ -217,10 +226,12 @@ print(json.dumps({k: sorted(v) for k, v in seen.items()}))
 
 
 def _run_on_a_copy(tmp_path, code):
-    """Run code in a fresh process on a copy of gpclab.py with an empty cache of its own; its stdout."""
+    """Run code in a fresh process on a copy of gpclab.py with a cache of its own (empty the first
+    time for this tmp_path); its stdout."""
     site = tmp_path / "site"
-    site.mkdir()
-    shutil.copy(os.path.join(ROOT, "gpclab.py"), site)
+    if not site.exists():
+        site.mkdir()
+        shutil.copy(os.path.join(ROOT, "gpclab.py"), site)
     env = _env(str(tmp_path / "home"), PYTHONPATH=str(site), NUMBA_CACHE_DIR=str(tmp_path / "cache"))
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=1200)
@@ -239,6 +250,10 @@ def test_every_path_compiles_each_function_for_one_type_only(tmp_path):
             "elliptical_slice_latent", "_current_column", "averaged_probability"} <= set(seen)
     several = {k: v for k, v in seen.items() if len(v) > 1}
     assert not several, several
+    # a new process loads every path from that cache, without numba's full refresh
+    again = json.loads(_run_on_a_copy(tmp_path, PATHS_AGAIN).strip().splitlines()[-1])
+    assert again["misses"] == 0 and again["refreshes"] == 0, again
+    assert {"laplace_mode", "ep", "ais", "laplace_mode_multiclass", "em_ep_grad"} <= set(again["types"])
 
 
 def test_compile_paths_refuses_an_unknown_path():

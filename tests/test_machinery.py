@@ -24,6 +24,10 @@ INTERNALS = [
     ("numba.core.caching", "FunctionCache._index_key", "extended with LLVM's level"),
     ("numba.core.caching", "FunctionCache._load_overload", "overridden to read several folders"),
     ("numba.core.caching", "FunctionCache._save_overload", "overridden to warn once"),
+    ("numba.core.caching", "Cache.load_overload", "overridden to refresh only what cached code links to"),
+    ("numba.core.caching", "Cache._guard_against_spurious_io_errors", "wraps the load, as numba's does"),
+    ("numba.core.runtime", "rtsys.initialize", "numba's runtime, which cached code links to"),
+    ("numba.cpython.hashing", "_Py_HashSecret_t", "the string-hash secret, which cached code links to"),
     ("numba.core.caching", "IndexDataCacheFile", "one cache folder's index"),
     ("numba.core.caching", "IndexDataCacheFile.load", "reads one folder"),
     ("numba.core.registry", "CPUDispatcher", "base class of gpclab's dispatcher"),
@@ -51,9 +55,10 @@ def test_numba_internal_is_where_gpclab_expects_it(module, path, use):
 
 
 def test_overridden_methods_keep_their_signatures():
-    """The shared cache overrides three FunctionCache methods; their arguments must still match."""
+    """The shared cache overrides four FunctionCache methods; their arguments must still match."""
     from numba.core import caching
     for name, params in [("_index_key", ["self", "sig", "codegen"]),
+                         ("load_overload", ["self", "sig", "target_context"]),
                          ("_load_overload", ["self", "sig", "target_context"]),
                          ("_save_overload", ["self", "sig", "data"])]:
         got = list(inspect.signature(getattr(caching.FunctionCache, name)).parameters)
@@ -113,3 +118,95 @@ def test_small_problems_run_with_one_blas_thread_and_restore_the_count():
         seen = []
         f(np.zeros((big, 1)), False)
         assert seen == [[2]]
+
+
+@pytest.mark.filterwarnings("ignore:GPClassifier.fit. ML-II L-BFGS-B stopped:RuntimeWarning")
+def test_fit_runs_with_one_blas_thread_between_gpclab_calls_too(monkeypatch):
+    """GPClassifier.fit on a small problem holds one BLAS thread for the whole fit, so that the
+    optimiser's own numpy (L-BFGS-B, the Python layer of ML-II) does not wake BLAS's threads
+    between gpclab's calls; the count is restored afterwards."""
+    import numpy as np
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas_threads():
+        return sorted({lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"})
+
+    seen = []
+    run = gpclab._ml2_run
+
+    def spy(*args, **kwargs):
+        seen.append(blas_threads())
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(gpclab, "_ml2_run", spy)
+    X, y = gpclab.make_three_gaussians(seed=0)
+    with threadpool_limits(2, user_api="blas"):
+        gpclab.GPClassifier(max_iter=2).fit(X, y)
+        assert seen == [[1]] and blas_threads() == [2]
+
+
+# Runs in a fresh process: the state that importing gpclab leaves behind.
+IMPORT_STATE = r"""
+import gc, json, os, sys, threading, weakref
+if sys.argv[1] == "gc-off":
+    gc.disable()
+import gpclab
+state = {"sklearn": "sklearn" in sys.modules, "gc": gc.isenabled(), "frozen": gc.get_freeze_count(),
+         "timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT")}
+gc.enable()
+
+class Node:
+    pass
+
+a = Node(); a.self = a; ref = weakref.ref(a); del a
+gc.collect()
+state["cycle collected"] = ref() is None                 # a cycle made after the import is still freed
+classes = []
+barrier = threading.Barrier(4)
+
+def get():
+    barrier.wait()
+    classes.append(gpclab.GPClassifier)
+
+threads = [threading.Thread(target=get) for _ in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+from sklearn.base import BaseEstimator, ClassifierMixin, is_classifier
+G = gpclab.GPClassifier
+from gpclab import GPClassifier
+state["one class"] = len({id(c) for c in classes + [G, GPClassifier]}) == 1
+state["estimator"] = issubclass(G, BaseEstimator) and issubclass(G, ClassifierMixin) and is_classifier(G())
+state["name"] = (G.__module__, G.__qualname__, G.__doc__ == gpclab._GPClassifier.__doc__)
+state["in dir"] = "GPClassifier" in dir(gpclab)
+try:
+    gpclab.no_such_name
+except AttributeError as e:
+    state["missing"] = str(e)
+print(json.dumps(state))
+"""
+
+
+@pytest.mark.parametrize("case", ["default", "gc-off", "timeout-set"])
+def test_import_leaves_gc_and_environment_as_found_and_makes_the_estimator_on_first_use(case):
+    """Importing gpclab does not import scikit-learn; it freezes what the import made (so later
+    collections skip it) and leaves the collector on or off as it found it, and the environment
+    unchanged (OPENBLAS_THREAD_TIMEOUT only while loading, and a user's value is kept). The
+    estimator is made once on first use, also by four threads at once, with scikit-learn's bases."""
+    import json
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if case == "timeout-set":
+        env["OPENBLAS_THREAD_TIMEOUT"] = "20"
+    r = subprocess.run([sys.executable, "-c", IMPORT_STATE, case], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    state = json.loads(r.stdout.strip().splitlines()[-1])
+    assert state["sklearn"] is False
+    assert state["gc"] is (case != "gc-off")
+    assert state["frozen"] > 10000
+    assert state["timeout"] == ("20" if case == "timeout-set" else None)
+    assert state["cycle collected"] and state["one class"] and state["estimator"] and state["in dir"]
+    assert state["name"] == ["gpclab", "GPClassifier", True]
+    assert state["missing"] == "module 'gpclab' has no attribute 'no_such_name'"
