@@ -79,17 +79,22 @@ def _lasting():
     as the process, and two of its costs are spared (0.3-0.5 s of CPU in a new process's first
     cell; README, "A busy hub").
     - Python's garbage collector pauses meanwhile, and afterwards never scans those objects again
-      (gc.freeze). Cycles made before gpclab was imported are frozen too: freed when the process ends.
+      (gc.freeze). It collects first, so no garbage is frozen; reference cycles alive at that moment
+      (the import, or GPClassifier's first use) are frozen too, and freed when the process ends.
     - An OpenBLAS loaded meanwhile (scipy's) lets its idle threads sleep at once, instead of each
       spinning 0.1 s of CPU first: OPENBLAS_THREAD_TIMEOUT=4 while loading, unless it is set."""
     enabled = gc.isenabled()
+    if enabled:
+        gc.collect()
     gc.disable()
-    blas = os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4") if "OPENBLAS_THREAD_TIMEOUT" not in os.environ else None
+    ours = "OPENBLAS_THREAD_TIMEOUT" not in os.environ
+    if ours:
+        os.environ["OPENBLAS_THREAD_TIMEOUT"] = "4"
     try:
         yield
     finally:
-        if blas is not None:
-            del os.environ["OPENBLAS_THREAD_TIMEOUT"]
+        if ours:
+            os.environ.pop("OPENBLAS_THREAD_TIMEOUT", None)
         gc.freeze()
         if enabled:
             gc.enable()

@@ -4,13 +4,15 @@ Measures, in fresh processes on copies of gpclab.py in temporary folders (a stan
 non-editable installation):
 
 1. the first cell of a new user (import; Laplace, EP and EM-EP fits with predictions on
-   GPML's three-Gaussians data; a short AIS run) with
+   GPML's three-Gaussians data; a short AIS run), written with the book's functions and
+   with GPClassifier (CELLS), with
    - a cold cache (nothing compiled yet),
    - a warmed shared cache: `python -m gpclab compile` run by the owner, then the folder
      made read-only and the user's home read-only too,
    - a warm private cache (the same user's second process);
-   - four users at once on the warmed installation, with a hub's default environment (no
-     OPENBLAS_NUM_THREADS), beside the same with gpclab's one-BLAS-thread rule switched off;
+   - four users at once on the warmed installation (three times), with a hub's default
+     environment (no OPENBLAS_NUM_THREADS), beside the same with gpclab's one-BLAS-thread
+     rule switched off;
 2. the compile time of every public code path from an empty cache (`python -m gpclab
    compile`), per path, optionally beside another gpclab.py (`--reference`, e.g. an older
    version) in the same run;
@@ -27,6 +29,7 @@ import argparse
 import glob
 import json
 import os
+import py_compile
 import resource
 import shutil
 import subprocess
@@ -36,7 +39,10 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-FIRST_CELL = r"""
+# A student's first cell, two ways: with the book's functions (as the exercises and lectures
+# call them: ML-II, then the approximation and its predictions; EM-EP; a short AIS run), and
+# with the scikit-learn estimator, GPClassifier (which imports scikit-learn, 0.6 s of CPU).
+_CELL_START = r"""
 import os, time, json, warnings
 t0, c0 = time.perf_counter(), time.process_time()
 import numpy as np
@@ -45,16 +51,37 @@ t_import = time.perf_counter() - t0
 if "BENCH_BLAS_BELOW" in os.environ:            # 0: gpclab leaves BLAS's threads alone (the comparison)
     gpclab._BLAS_ONE_THREAD_BELOW = int(os.environ["BENCH_BLAS_BELOW"])
 X, y = gpclab.make_three_gaussians(seed=0)
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    for method in ("laplace", "ep", "emep"):
-        model = gpclab.GPClassifier(method=method).fit(X, y)
-        p = model.predict_proba(X[:5])
+Xs = X[:5]
+"""
+_CELL_END = r"""
     K = gpclab.kernel_matrix("se", X, X, np.log([2.0, 2.0])) + 1e-8 * np.eye(X.shape[0])
     log_Z = gpclab.ais(K, y, "probit", T=200, R=2)
 print(json.dumps({"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0,
                   "import": t_import, "file": gpclab.__file__}))
 """
+BOOK_CELL = _CELL_START + r"""
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    for method, lik in (("laplace", "logistic"), ("ep", "probit")):
+        h, _, _ = gpclab.ml2(X, y, gpclab.data_log_hyp("se", X, y), "se", lik, method=method)
+        K = gpclab.kernel_matrix("se", X, X, h)
+        K_s, k_ss = gpclab.kernel_matrix("se", X, Xs, h), gpclab.kernel_diag("se", Xs, h)
+        if method == "laplace":      # the predictions reuse the factor L of the mode, as GPClassifier does
+            r = gpclab.laplace_mode(K, y, lik)
+            p = gpclab.laplace_predict(r.f_hat, K, y, lik, K_s, k_ss, L=r.L)
+        else:
+            r = gpclab.ep(K, y)
+            p = gpclab.ep_predict(r.nu_tilde, r.tau_tilde, K, K_s, k_ss, L=r.L)
+    out = gpclab.em_ep(X, y)
+""" + _CELL_END
+FIRST_CELL = _CELL_START + r"""
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    for method in ("laplace", "ep", "emep"):
+        model = gpclab.GPClassifier(method=method).fit(X, y)
+        p = model.predict_proba(Xs)
+""" + _CELL_END
+CELLS = {"book's functions": BOOK_CELL, "GPClassifier": FIRST_CELL}
 
 
 def load():
@@ -65,7 +92,8 @@ def env_for(home, site, hub_default=False, **extra):
     """The environment of a user's process; hub_default: no thread settings at all (as a
     JupyterHub starts kernels), else OPENBLAS_NUM_THREADS=1 for steadier single timings."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("NUMBA_", "XDG_", "OPENBLAS_", "OMP_", "MKL_")) and k != "PYTHONPATH"}
+           if not k.startswith(("NUMBA_", "XDG_", "OPENBLAS_", "OMP_", "MKL_"))
+           and k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
     env.update(HOME=home, PYTHONPATH=site, **extra)
     if not hub_default:
         env["OPENBLAS_NUM_THREADS"] = "1"
@@ -73,10 +101,13 @@ def env_for(home, site, hub_default=False, **extra):
 
 
 def install_copy(tmp, name, source=os.path.join(ROOT, "gpclab.py")):
-    """A fresh 'installation': a folder holding only gpclab.py, with no cache yet."""
+    """A fresh 'installation': a folder holding only gpclab.py and its bytecode, as pip
+    installs it (a read-only installation without the bytecode would compile gpclab.py's
+    source at every import), with no numba cache yet."""
     site = os.path.join(tmp, name, "site")
     os.makedirs(site)
     shutil.copy(source, os.path.join(site, "gpclab.py"))
+    py_compile.compile(os.path.join(site, "gpclab.py"), doraise=True)
     return site
 
 
@@ -142,7 +173,7 @@ print(json.dumps({"paths": times, "cpu": time.process_time() - c0,
 """
 
 
-def first_cell(tmp):
+def first_cell(tmp, repeats=3):
     print(f"\n1. First cell of a new user (load average {load():.1f})")
     res = {}
     # cold: an installation nobody has compiled, a writable home
@@ -163,14 +194,19 @@ def first_cell(tmp):
     if os.geteuid() != 0:
         subprocess.run(["chmod", "-R", "a-w", ro], check=True)
     res["warmed shared, read-only"] = run_json(FIRST_CELL, env_for(home, site), read_only=ro)
-    for label, extra in (("4 at once, hub default", {}),
-                         ("4 at once, BLAS threads left alone", {"BENCH_BLAS_BELOW": "0"})):
-        times = run_at_once(FIRST_CELL, env_for(home, site, hub_default=True, **extra), ro, 4)
-        print(f"  {label:36s} wall " + ", ".join(f"{t:.2f}" for t in times) + " s")
-        res[label] = {"wall": max(times), "cpu": float("nan"), "import": float("nan")}
+    for cell_name, cell in CELLS.items():
+        if cell is not FIRST_CELL:
+            res[f"warmed shared, read-only ({cell_name})"] = run_json(cell, env_for(home, site), read_only=ro)
+        for label, extra in (("hub default", {}), ("BLAS threads left alone", {"BENCH_BLAS_BELOW": "0"})):
+            label = f"4 at once, {cell_name}, {label}"
+            times = [run_at_once(cell, env_for(home, site, hub_default=True, **extra), ro, 4)
+                     for _ in range(repeats)]
+            print(f"  {label:56s} wall " + "; ".join(", ".join(f"{t:.2f}" for t in run) for run in times)
+                  + " s")
+            res[label] = {"wall": max(max(run) for run in times), "cpu": float("nan"), "import": float("nan")}
     subprocess.run(["chmod", "-R", "u+w", ro], check=True)
     for k, v in res.items():
-        print(f"  {k:28s} wall {v['wall']:6.2f} s   cpu {v['cpu']:6.2f} s   "
+        print(f"  {k:56s} wall {v['wall']:6.2f} s   cpu {v['cpu']:6.2f} s   "
               f"(import {v['import']:.2f} s)")
     print(f"  load average after: {load():.1f}")
     return res

@@ -150,14 +150,15 @@ IMPORT_STATE = r"""
 import gc, json, os, sys, threading, weakref
 if sys.argv[1] == "gc-off":
     gc.disable()
-import gpclab
-state = {"sklearn": "sklearn" in sys.modules, "gc": gc.isenabled(), "frozen": gc.get_freeze_count(),
-         "timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT")}
-gc.enable()
 
 class Node:
     pass
 
+b = Node(); b.self = b; before = weakref.ref(b); del b   # garbage when gpclab is imported
+import gpclab
+state = {"sklearn": "sklearn" in sys.modules, "gc": gc.isenabled(), "frozen": gc.get_freeze_count(),
+         "timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT"), "garbage freed": before() is None}
+gc.enable()
 a = Node(); a.self = a; ref = weakref.ref(a); del a
 gc.collect()
 state["cycle collected"] = ref() is None                 # a cycle made after the import is still freed
@@ -206,6 +207,7 @@ def test_import_leaves_gc_and_environment_as_found_and_makes_the_estimator_on_fi
     assert state["sklearn"] is False
     assert state["gc"] is (case != "gc-off")
     assert state["frozen"] > 10000
+    assert state["garbage freed"] is (case != "gc-off")      # collected, not frozen (unless GC is off)
     assert state["timeout"] == ("20" if case == "timeout-set" else None)
     assert state["cycle collected"] and state["one class"] and state["estimator"] and state["in dir"]
     assert state["name"] == ["gpclab", "GPClassifier", True]
