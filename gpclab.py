@@ -847,7 +847,7 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
 
 
 @public(f_hat="(n,) nonempty", K="(n, n) psd", y="(n,) pm1", likelihood="{logistic,probit}", K_star="(n, m)",
-        k_star_star="(m,)", rule="{average,map,mackay}", L="(n, n) chol ?")
+        k_star_star="(m,)", rule="{average,map,mackay}", L="(n, n) chol ?e")
 @njit(cache=True)
 def laplace_predict(f_hat, K, y, likelihood, K_star, k_star_star, rule="average", L=None):
     """Predictions for binary Laplace GPC (GPML Algorithm 3.2).
@@ -878,7 +878,7 @@ def laplace_predict(f_hat, K, y, likelihood, K_star, k_star_star, rule="average"
     _, dlp, d2lp, _ = log_likelihood(likelihood, y, f_hat)
     W = -d2lp                                                # line 2: W := -grad grad log p(y|f^)
     sW = np.sqrt(W)
-    if L is None:                                            # departs from line 3: skipped when L is given
+    if L.shape[0] == 0:                                      # departs from line 3: skipped when L is given
         L = _cholesky(_form_B(K, sW))                        # line 3: L := cholesky(I + W^1/2 K W^1/2)
     f_bar_star = K_star.T @ dlp                              # line 4: f_bar_* := k(x_*)^T grad log p(y|f^)  (3.21)
     sWK = np.empty_like(K_star)
@@ -1784,7 +1784,7 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
 
 
 @public(nu_tilde="(n,) nonempty", tau_tilde="(n,) nonneg", K="(n, n) psd", K_star="(n, m)",
-        k_star_star="(m,)", L="(n, n) chol ?", likelihood="{probit,step}", eps="eps")
+        k_star_star="(m,)", L="(n, n) chol ?e", likelihood="{probit,step}", eps="eps")
 @njit(cache=True)
 def ep_predict(nu_tilde, tau_tilde, K, K_star, k_star_star, L=None, likelihood="probit", eps=0.0):
     """Predictions for expectation propagation (GPML Algorithm 3.6).
@@ -1814,7 +1814,7 @@ def ep_predict(nu_tilde, tau_tilde, K, K_star, k_star_star, L=None, likelihood="
     """
     n = nu_tilde.shape[0]
     sS = np.sqrt(tau_tilde)
-    if L is None:
+    if L.shape[0] == 0:                                       # no L given (it arrives empty)
         L = _cholesky(_form_B(K, sS))                         # line 2: L := cholesky(I + S~^1/2 K S~^1/2)
     z = sS * solve_lower_transpose(L, solve_lower(L, sS * (K @ nu_tilde)))  # line 3: z := S~^1/2 L^T\(L\(S~^1/2 K nu~))
     f_bar_star = K_star.T @ (nu_tilde - z)                    # line 4: f_bar_* := k(x_*)^T (nu~ - z)  (3.60, 3.71)
@@ -2863,7 +2863,7 @@ def orthant_probability(mean, cov, n_points=4000, n_shifts=8, seed=0):
 
 
 @public(nu_tilde="(N,) nonempty", tau_tilde="(N,) nonneg", C="(n, n) psd",
-        y="(J, n) onehot", K_star="(n, m)", k_star_star="(m,)", L="(N, N) chol ?", n_points="count",
+        y="(J, n) onehot", K_star="(n, m)", k_star_star="(m,)", L="(N, N) chol ?e", n_points="count",
         seed="seed")
 @njit(cache=True)
 def ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L=None, n_points=1000,
@@ -2915,7 +2915,7 @@ def ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L=None
     m = K_star.shape[1]
     Kg = difference_covariance(C, y)
     sS = np.sqrt(tau_tilde)
-    if L is None:
+    if L.shape[0] == 0:                                       # no L given (it arrives empty)
         L = _cholesky(_form_B(Kg, sS))                        # line 2: L := cholesky(I + S~^1/2 Kg S~^1/2)
     z = sS * solve_lower_transpose(L, solve_lower(L, sS * (Kg @ nu_tilde)))  # line 3
     b = nu_tilde - z                                          # alpha of (K&G 52)
@@ -5714,8 +5714,10 @@ with _lasting():
 # for the kernel, ...), and passes scalars as Python int or float and names as
 # str: so an njit body receives only float64 C arrays, int64, float64, str or
 # None, whatever the caller passed. An optional array whose spec ends in "?0"
-# (a warm start, discrete flags) arrives as zeros when left out, so that the
-# body compiles once, not once with None and once with an array; every default
+# (a warm start, discrete flags) arrives as zeros when left out, and one whose spec
+# ends in "?e" (a Cholesky factor the body computes when it is not given) as an
+# empty array, so that the body compiles once, not once with None and once with
+# an array; every default
 # is passed explicitly, for the same reason. fn.unchecked(...) does the same
 # (and turns boolean arrays into float64) without the checks.
 # Bad input raises ValueError or TypeError,
@@ -5938,7 +5940,8 @@ def _numba_function(py_func, options):
 #                    checked against the symbols (n is bound by the first argument
 #                    that has it, and every other use must agree), its values
 #                    finite, then the constraints that follow (_ARRAY_CHECKS)
-#   "(n,) pm1 ?"     the same; "?" allows None
+#   "(n,) pm1 ?"     the same; "?" allows None ("?0": None arrives as zeros,
+#                    "?e": as an empty array, so that the body compiles once)
 #   "count"          a scalar kind (_SCALARS): count, int, seed, real, positive, ...
 #   "{probit,step}"  one of these names
 #
@@ -6412,9 +6415,10 @@ def _zeros_for(dims, shapes, name, where):
 def _compile_spec(spec):
     """Turn an argument's spec string into a function (value, name, ctx) -> converted value."""
     words = spec.replace(", ", ",").split()
-    optional = "?" in words or "?0" in words
+    optional = "?" in words or "?0" in words or "?e" in words
     zeros = "?0" in words
-    words = [w for w in words if w not in ("?", "?0")]
+    empty = "?e" in words
+    words = [w for w in words if w not in ("?", "?0", "?e")]
     if words and words[0].startswith("("):
         dims = _spec_dims(spec)
         inplace = "inplace" in words
@@ -6423,6 +6427,8 @@ def _compile_spec(spec):
         def convert(value, name, ctx):
             if value is None and zeros:                       # absent: zeros, one compiled type
                 return _zeros_for(dims, {k: v[0] for k, v in ctx.dims.items()}, name, ctx.where)
+            if value is None and empty:                       # absent: empty, one compiled type
+                return np.empty((0,) * len(dims))
             if value is None and optional:
                 return None
             if inplace:                                       # written in place: no copy allowed
@@ -6614,6 +6620,7 @@ class PublicFunction:
         self.spec_text = dict(specs)
         self._dims = {k: d for k, d in ((k, _spec_dims(v)) for k, v in specs.items()) if d}
         self._zero_fill = [k for k, v in specs.items() if "?0" in v.split()]
+        self._empty_fill = [k for k, v in specs.items() if "?e" in v.split()]
         self.returns = returns
         self._psd = [k for k, v in specs.items() if "psd" in v.split() or "chol" in v.split()]
         functools.update_wrapper(self, self.py_func)
@@ -6657,6 +6664,9 @@ class PublicFunction:
         for name in self._zero_fill:
             if a[name] is None:
                 a[name] = _zeros_for(self._dims[name], shapes, name, self.__name__)
+        for name in self._empty_fill:
+            if a[name] is None:
+                a[name] = np.empty((0,) * len(self._dims[name]))
         return self._run(bound)
 
     def _check_together(self, arguments):

@@ -66,12 +66,12 @@ with warnings.catch_warnings():
         h, _, _ = gpclab.ml2(X, y, gpclab.data_log_hyp("se", X, y), "se", lik, method=method)
         K = gpclab.kernel_matrix("se", X, X, h)
         K_s, k_ss = gpclab.kernel_matrix("se", X, Xs, h), gpclab.kernel_diag("se", Xs, h)
-        if method == "laplace":      # the predictions reuse the factor L of the mode, as GPClassifier does
+        if method == "laplace":      # without L, as the lectures call them: the same compiled code
             r = gpclab.laplace_mode(K, y, lik)
-            p = gpclab.laplace_predict(r.f_hat, K, y, lik, K_s, k_ss, L=r.L)
+            p = gpclab.laplace_predict(r.f_hat, K, y, lik, K_s, k_ss)
         else:
             r = gpclab.ep(K, y)
-            p = gpclab.ep_predict(r.nu_tilde, r.tau_tilde, K, K_s, k_ss, L=r.L)
+            p = gpclab.ep_predict(r.nu_tilde, r.tau_tilde, K, K_s, k_ss)
     out = gpclab.em_ep(X, y)
 """ + _CELL_END
 FIRST_CELL = _CELL_START + r"""
