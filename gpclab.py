@@ -74,13 +74,14 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def _lasting():
+def _lasting(freeze=True):
     """Around imports, and Part III's assembly of gpclab's functions: what they make lasts as long
     as the process, and two of its costs are spared (0.3-0.5 s of CPU in a new process's first
     cell; README, "A busy hub").
     - Python's garbage collector pauses meanwhile, and afterwards never scans those objects again
       (gc.freeze). It collects first, so no garbage is frozen; reference cycles alive at that moment
-      (the import, or GPClassifier's first use) are frozen too, and freed when the process ends.
+      (the import) are frozen too, and freed when the process ends. freeze=False (GPClassifier's
+      first use, at any point of a session) only pauses.
     - An OpenBLAS loaded meanwhile (scipy's) lets its idle threads sleep at once, instead of each
       spinning 0.1 s of CPU first: OPENBLAS_THREAD_TIMEOUT=4 while loading, unless it is set."""
     enabled = gc.isenabled()
@@ -95,7 +96,8 @@ def _lasting():
     finally:
         if ours:
             os.environ.pop("OPENBLAS_THREAD_TIMEOUT", None)
-        gc.freeze()
+        if freeze:
+            gc.freeze()
         if enabled:
             gc.enable()
 
@@ -878,7 +880,7 @@ def laplace_predict(f_hat, K, y, likelihood, K_star, k_star_star, rule="average"
     _, dlp, d2lp, _ = log_likelihood(likelihood, y, f_hat)
     W = -d2lp                                                # line 2: W := -grad grad log p(y|f^)
     sW = np.sqrt(W)
-    if L.shape[0] == 0:                                      # departs from line 3: skipped when L is given
+    if L is None or L.shape[0] == 0:                         # departs from line 3: skipped when L is given
         L = _cholesky(_form_B(K, sW))                        # line 3: L := cholesky(I + W^1/2 K W^1/2)
     f_bar_star = K_star.T @ dlp                              # line 4: f_bar_* := k(x_*)^T grad log p(y|f^)  (3.21)
     sWK = np.empty_like(K_star)
@@ -1814,7 +1816,7 @@ def ep_predict(nu_tilde, tau_tilde, K, K_star, k_star_star, L=None, likelihood="
     """
     n = nu_tilde.shape[0]
     sS = np.sqrt(tau_tilde)
-    if L.shape[0] == 0:                                       # no L given (it arrives empty)
+    if L is None or L.shape[0] == 0:                          # no L given (the face passes it empty)
         L = _cholesky(_form_B(K, sS))                         # line 2: L := cholesky(I + S~^1/2 K S~^1/2)
     z = sS * solve_lower_transpose(L, solve_lower(L, sS * (K @ nu_tilde)))  # line 3: z := S~^1/2 L^T\(L\(S~^1/2 K nu~))
     f_bar_star = K_star.T @ (nu_tilde - z)                    # line 4: f_bar_* := k(x_*)^T (nu~ - z)  (3.60, 3.71)
@@ -2915,7 +2917,7 @@ def ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L=None
     m = K_star.shape[1]
     Kg = difference_covariance(C, y)
     sS = np.sqrt(tau_tilde)
-    if L.shape[0] == 0:                                       # no L given (it arrives empty)
+    if L is None or L.shape[0] == 0:                          # no L given (the face passes it empty)
         L = _cholesky(_form_B(Kg, sS))                        # line 2: L := cholesky(I + S~^1/2 Kg S~^1/2)
     z = sS * solve_lower_transpose(L, solve_lower(L, sS * (Kg @ nu_tilde)))  # line 3
     b = nu_tilde - z                                          # alpha of (K&G 52)
@@ -3632,14 +3634,14 @@ def multiclass_evidence(X, Y, log_hyp, kernel="se", a_init=None, eval_gradient=T
     return mode.log_q, grad, mode
 
 
-def _warn_skipped(result, where):
+def _warn_skipped(result, where, stacklevel=3):
     """Warn if ep left sites unchanged because their cavity precision was not positive."""
     k = getattr(result, "n_skipped", 0)
     if k:
         warnings.warn(f"{where}: EP skipped {k} site(s) whose cavity precision (3.56) was not "
                       "positive in floating point" + ("; log Z_EP is undefined (nan)"
                                                       if np.isnan(result.log_Z) else ""),
-                      RuntimeWarning, stacklevel=3)
+                      RuntimeWarning, stacklevel=stacklevel)
 
 
 def _warn_not_converged(result, where, K=None, likelihood=None, stacklevel=3):
@@ -3649,7 +3651,7 @@ def _warn_not_converged(result, where, K=None, likelihood=None, stacklevel=3):
     damped sweeps that followed (_ep_damped), and the sites held at ep's precision
     cap tau_max, where a step likelihood without noise leaves EP without a fixed point.
     """
-    _warn_skipped(result, where)
+    _warn_skipped(result, where, stacklevel + 1)
     if result.converged:
         return
     if isinstance(result, EPResult):
@@ -3903,10 +3905,11 @@ def _named_errors(where, call, *args, **kwargs):
         raise type(e)(f"{where}: {e}") from None
 
 
-# GPClassifier(ClassifierMixin, BaseEstimator) is this class with scikit-learn's estimator bases,
-# made when gpclab.GPClassifier is first used (Part III, __getattr__): importing gpclab does not
-# import scikit-learn, 0.6 s of a new process's first cell, which only the estimator needs.
-class _GPClassifier:
+# gpclab.GPClassifier is this class with scikit-learn's ClassifierMixin and BaseEstimator as bases,
+# made when it is first used (Part III, _estimator): importing gpclab does not import scikit-learn,
+# 0.6 s of a new process's first cell, which only the estimator needs. Until then its body is kept
+# as _GPClassifier (below the class).
+class GPClassifier:
     """Gaussian-process classifier in the scikit-learn style.
 
     Two classes: binary GPC with the logistic or probit likelihood by Laplace
@@ -4063,7 +4066,7 @@ class _GPClassifier:
     EXPECTED_FAILED_CHECKS = {}
 
     def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
+        tags = super(GPClassifier, self).__sklearn_tags__()     # GPClassifier: the estimator (Part III)
         tags.input_tags.sparse = False           # K is dense: (n, n) covariances
         return tags
 
@@ -4445,6 +4448,10 @@ class _GPClassifier:
         if eval_gradient and self.multiclass_ and self.method == "laplace" and h.ndim == 1:
             g = g.sum(axis=0)  # shared hyperparameters: sum of the per-class gradients
         return (v, g) if eval_gradient else v
+
+
+_GPClassifier = GPClassifier       # the body; gpclab.GPClassifier is made from it on first use
+del GPClassifier
 
 
 def exact_log_evidence_probit(K, y, releps=1e-5, abseps=1e-14, maxpts=None):
@@ -6621,6 +6628,7 @@ class PublicFunction:
         self._dims = {k: d for k, d in ((k, _spec_dims(v)) for k, v in specs.items()) if d}
         self._zero_fill = [k for k, v in specs.items() if "?0" in v.split()]
         self._empty_fill = [k for k, v in specs.items() if "?e" in v.split()]
+        self._inplace = {k for k, v in specs.items() if "inplace" in v.split()}
         self.returns = returns
         self._psd = [k for k, v in specs.items() if "psd" in v.split() or "chol" in v.split()]
         functools.update_wrapper(self, self.py_func)
@@ -6647,7 +6655,8 @@ class PublicFunction:
 
     def unchecked(self, *args, **kwargs):
         """The call without checks. The arguments are only brought to the types that the
-        checked call passes (every default filled in, an absent "?0" array as zeros, boolean
+        checked call passes (every default filled in, an absent "?0" array as zeros, an absent
+        "?e" array empty, a read-only array copied, boolean
         flags as float64), so that both share one compilation of the body."""
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
@@ -6659,6 +6668,8 @@ class PublicFunction:
             if isinstance(v, np.ndarray):
                 if v.dtype == np.bool_:
                     a[name] = v = v.astype(np.float64)
+                elif not v.flags.writeable and name not in self._inplace:
+                    a[name] = v = v.copy()           # numba types a read-only array apart (a memory-mapped model)
                 if v.ndim == len(dims):
                     shapes.update((s, k) for s, k in zip(dims, v.shape) if s.isidentifier())
         for name in self._zero_fill:
@@ -6781,16 +6792,15 @@ _estimator_lock = threading.Lock()
 
 
 def _estimator():
-    """GPClassifier, made on first use: _GPClassifier (Part II) with scikit-learn's ClassifierMixin
-    and BaseEstimator as bases. Importing scikit-learn costs 0.6 s (scipy.stats, pandas), which a
-    process that never uses the estimator does not pay."""
+    """gpclab.GPClassifier, made on first use: a class with _GPClassifier's body (Part II) and
+    scikit-learn's ClassifierMixin and BaseEstimator as bases. Importing scikit-learn costs 0.6 s
+    (scipy.stats, pandas), which a process that never uses the estimator does not pay."""
     with _estimator_lock:                  # one class, also when two threads ask at once
         if "GPClassifier" not in globals():
-            with _lasting():
+            with _lasting(freeze=False):    # the user's objects of the moment are not frozen
                 from sklearn.base import BaseEstimator, ClassifierMixin
-            globals()["GPClassifier"] = type("GPClassifier", (_GPClassifier, ClassifierMixin, BaseEstimator),
-                                             {"__module__": __name__, "__qualname__": "GPClassifier",
-                                              "__doc__": _GPClassifier.__doc__})
+            body = {k: v for k, v in vars(_GPClassifier).items() if k not in ("__dict__", "__weakref__")}
+            globals()["GPClassifier"] = type("GPClassifier", (ClassifierMixin, BaseEstimator), body)
     return globals()["GPClassifier"]
 
 
@@ -7079,6 +7089,11 @@ def main(argv=None):
     total = compile_paths(args.paths, args.jobs)
     print(f"done in {total:.1f} s")
     return 0
+
+
+# `from gpclab import *`: the public names, GPClassifier among them (made then), not the modules
+__all__ = sorted({k for k, v in globals().items() if not k.startswith("_") and not inspect.ismodule(v)}
+                 | {"GPClassifier"})
 
 
 if __name__ == "__main__":

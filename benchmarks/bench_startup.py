@@ -162,6 +162,8 @@ c0, t0 = time.process_time(), time.perf_counter()
 spec = importlib.util.spec_from_file_location("gpclab", sys.argv[1])
 gp = importlib.util.module_from_spec(spec); sys.modules["gpclab"] = gp; spec.loader.exec_module(gp)
 if not hasattr(gp, "_compile_all"):  # an older gpclab: run this version's workload on it
+    if not hasattr(gp, "_estimator"):    # ... whose GPClassifier is made at import
+        gp._estimator = lambda: gp.GPClassifier
     exec(sys.argv[2], gp.__dict__)
 times = {}
 for path in gp._COMPILE_PATHS:

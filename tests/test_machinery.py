@@ -178,6 +178,16 @@ from gpclab import GPClassifier
 state["one class"] = len({id(c) for c in classes + [G, GPClassifier]}) == 1
 state["estimator"] = issubclass(G, BaseEstimator) and issubclass(G, ClassifierMixin) and is_classifier(G())
 state["name"] = (G.__module__, G.__qualname__, G.__doc__ == gpclab._GPClassifier.__doc__)
+import inspect
+state["source"] = inspect.getsource(G).splitlines()[0]           # IPython's GPClassifier?? too
+try:
+    G(no_such_argument=1)
+except TypeError as e:
+    state["bad argument"] = str(e)
+state["own methods"] = "fit" in vars(G) and G.__mro__[1:3] == (ClassifierMixin, BaseEstimator)
+ns = {}
+exec("from gpclab import *", ns)
+state["star import"] = ns.get("GPClassifier") is G
 state["in dir"] = "GPClassifier" in dir(gpclab)
 try:
     gpclab.no_such_name
@@ -192,7 +202,8 @@ def test_import_leaves_gc_and_environment_as_found_and_makes_the_estimator_on_fi
     """Importing gpclab does not import scikit-learn; it freezes what the import made (so later
     collections skip it) and leaves the collector on or off as it found it, and the environment
     unchanged (OPENBLAS_THREAD_TIMEOUT only while loading, and a user's value is kept). The
-    estimator is made once on first use, also by four threads at once, with scikit-learn's bases."""
+    estimator is made once on first use, also by four threads at once, with scikit-learn's bases,
+    and reads as if written so: its source, its methods, its name in errors, `import *`."""
     import json
     import os
     import subprocess
@@ -211,4 +222,6 @@ def test_import_leaves_gc_and_environment_as_found_and_makes_the_estimator_on_fi
     assert state["timeout"] == ("20" if case == "timeout-set" else None)
     assert state["cycle collected"] and state["one class"] and state["estimator"] and state["in dir"]
     assert state["name"] == ["gpclab", "GPClassifier", True]
+    assert state["source"] == "class GPClassifier:" and state["own methods"] and state["star import"]
+    assert state["bad argument"] == "GPClassifier.__init__() got an unexpected keyword argument 'no_such_argument'"
     assert state["missing"] == "module 'gpclab' has no attribute 'no_such_name'"

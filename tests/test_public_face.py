@@ -382,6 +382,23 @@ def test_a_factor_left_out_gives_the_same_answer_with_the_same_compiled_code(fna
         assert len(f.dispatcher.signatures) == 1, f.dispatcher.signatures
 
 
+def test_unchecked_calls_with_read_only_arrays_use_the_compiled_code_of_writable_ones():
+    """A model loaded memory-mapped (joblib's mmap_mode, scikit-learn's readonly_memmap check) holds
+    read-only arrays, which numba would compile for apart: unchecked copies them, as the checked call
+    does, so the prediction reuses the warmed code."""
+    kwargs = dict(VALID["ep_predict"])
+    ref = gpclab.ep_predict.unchecked(**kwargs)
+    before = list(gpclab.ep_predict.dispatcher.signatures)
+    frozen = {}
+    for k, v in kwargs.items():
+        if isinstance(v, np.ndarray):
+            v = v.copy()
+            v.setflags(write=False)
+        frozen[k] = v
+    _same(gpclab.ep_predict.unchecked(**frozen), ref)
+    assert list(gpclab.ep_predict.dispatcher.signatures) == before
+
+
 @pytest.mark.parametrize("fname", ["laplace_mode", "ep", "laplace_predict", "kernel_matrix", "ais"])
 def test_float32_gives_the_answer_of_its_float64_values(fname):
     f = getattr(gpclab, fname)
