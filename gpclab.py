@@ -6814,6 +6814,7 @@ def __getattr__(name):
 def __dir__():
     return sorted(set(globals()) | {"GPClassifier"})
 
+
 # ============================================================================
 # `python -m gpclab compile`: warm numba's cache for every user of this installation
 # ============================================================================
