@@ -5453,12 +5453,103 @@ def three_gaussians_probability(x):
 # label (LABELS). matplotlib and ipywidgets are imported only when a helper is called.
 
 LABELS = {
-    "log_ell": "log length-scale, log(l)",
-    "log_sf": "log magnitude, log(sf)",
-    "x": "input x",
-    "f": "latent function f(x)",
-    "p": "predictive probability p(y=+1|x)",
+    "log_ell": r"log length-scale, $\log \ell$",
+    "log_sf": r"log magnitude, $\log \sigma_f$",
+    "x": "input $x$",
+    "f": "latent function $f(x)$",
+    "p": "predictive probability $p(y=+1|x)$",
 }
+
+# The course's one figure style (lecture_setup sets it; check_figure_style enforces it)
+STYLE = {
+    "max_width": 12.0,                     # inches (figsize): renders at ~90 % or more in JupyterLab
+    "min_fontsize": 9.0,                   # points, every visible text: titles, labels, ticks, legends, colour bars
+    "cmaps": ("viridis", "RdBu_r"),        # sequential and diverging (reversed versions allowed)
+}
+_RC = {
+    "font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "xtick.labelsize": 9,
+    "ytick.labelsize": 9, "legend.fontsize": 9, "legend.title_fontsize": 9, "figure.titlesize": 12,
+    "image.cmap": "viridis",
+}
+# ASCII spellings a label must write in mathtext: "tau~_i", "nu~" (use $\tilde\tau_i$), "sigma_f", "mu^2"
+_ASCII_MATH = re.compile(r"[A-Za-z]~|\b(?:tau|nu|mu|sigma|Sigma|pi|theta|kappa|lambda|ell|alpha|beta)[_^]")
+
+
+def _allowed_colours():
+    import matplotlib as mpl
+
+    return np.vstack([mpl.colormaps[name](np.linspace(0.0, 1.0, 1024))[:, :3] for name in STYLE["cmaps"]])
+
+
+def _cmap_offence(cmap):
+    """None if cmap is one of the course's colour maps or made of their colours (or of greys); else why not."""
+    import matplotlib as mpl
+
+    allowed = set(STYLE["cmaps"]) | {n[:-2] if n.endswith("_r") else n + "_r" for n in STYLE["cmaps"]}
+    if cmap.name in allowed:
+        return None
+    if cmap.name in mpl.colormaps and cmap is not None and not isinstance(cmap, mpl.colors.ListedColormap):
+        return f"colour map {cmap.name!r}"
+    rgb = np.asarray(cmap(np.arange(min(cmap.N, 256))))[:, :3]
+    grey = np.ptp(rgb, axis=1) < 0.02
+    d = np.sqrt(((rgb[:, None, :] - _allowed_colours()[None, :, :]) ** 2).sum(-1)).min(axis=1)
+    bad = ~grey & (d > 0.03)
+    if bad.any() and len(np.unique(rgb.round(3), axis=0)) > 1:
+        return f"colour map {cmap.name!r} with colours not taken from {' or '.join(STYLE['cmaps'])}"
+    return None
+
+
+def _strip_math(s):
+    return re.sub(r"(?<!\\)\$.*?(?<!\\)\$", "", s)
+
+
+def check_figure_style(fig, name="figure"):
+    """Check a lecture figure against the course's style; raise AssertionError naming the figure and the offence.
+
+    Enforced (STYLE): the figure's width (figsize) is at most 12 inches; every visible, non-empty text
+    (titles, axis labels, tick labels, legend entries and titles, colour-bar labels and ticks, contour
+    labels, annotations, the suptitle) is at least 9 pt; every colour-mapped artist (images, contour
+    sets, pcolormesh, scatter with c=values, colour bars) uses "viridis" or "RdBu_r" (or their reverses),
+    or a ListedColormap whose colours come from them or are greys, and a contour set drawn in one
+    explicit colour is not colour-mapped; no text writes a symbol in ASCII where mathtext is meant:
+    a letter followed by "~" ("tau~_i") or a Greek name followed by "_" or "^" ("sigma_f", "mu^2")
+    outside $...$. Returns None when the figure complies.
+    """
+    import matplotlib.colors as mcolors
+    import matplotlib.text as mtext
+
+    problems = []
+    width = fig.get_size_inches()[0]
+    if width > STYLE["max_width"] + 1e-9:
+        problems.append(f"width {width:g} in > {STYLE['max_width']:g} in (figsize)")
+    fig.draw_without_rendering()            # fills in tick labels, colour bars and legends as drawn
+    small, ascii_ = [], []
+    for t in fig.findobj(mtext.Text):
+        s = t.get_text()
+        if not t.get_visible() or not s.strip() or (t.axes is not None and not t.axes.get_visible()):
+            continue
+        if t.get_fontsize() < STYLE["min_fontsize"] - 1e-9:
+            small.append(f"{s[:30]!r} at {t.get_fontsize():g} pt")
+        if _ASCII_MATH.search(_strip_math(s)):
+            ascii_.append(repr(s[:40]))
+    if small:
+        problems.append(f"text below {STYLE['min_fontsize']:g} pt: " + ", ".join(sorted(set(small))[:6])
+                        + (f" (and {len(set(small)) - 6} more)" if len(set(small)) > 6 else ""))
+    if ascii_:
+        problems.append("ASCII where mathtext is meant: " + ", ".join(sorted(set(ascii_))[:6]))
+    seen = set()
+    for a in fig.findobj(lambda o: hasattr(o, "get_cmap") and hasattr(o, "get_array")):
+        if a.get_array() is None:
+            continue
+        colors = getattr(a, "colors", None)
+        if colors is not None and len(np.unique(mcolors.to_rgba_array(colors), axis=0)) == 1:
+            continue                        # a contour set in one explicit colour
+        offence = _cmap_offence(a.get_cmap())
+        if offence and offence not in seen:
+            seen.add(offence)
+            problems.append(f"{offence} ({type(a).__name__})")
+    if problems:
+        raise AssertionError(f"figure {name!r} breaks the lecture style: " + "; ".join(problems))
 
 
 class LectureSetup:
@@ -5470,7 +5561,9 @@ class LectureSetup:
         self.USPS = os.environ.get("GPCLAB_USPS") or None
 
     def save(self, fig, name):
-        """Write fig as <GPCLAB_SAVE_FIGURES>/<name>.png if that variable names a folder; else nothing."""
+        """Check fig against the course's style (check_figure_style: AssertionError naming the figure and
+        what breaks it), then write it as <GPCLAB_SAVE_FIGURES>/<name>.png if that variable names a folder."""
+        check_figure_style(fig, name)
         if self.SAVE:
             os.makedirs(self.SAVE, exist_ok=True)
             fig.savefig(os.path.join(self.SAVE, name + ".png"), dpi=120, bbox_inches="tight")
@@ -5480,13 +5573,14 @@ def lecture_setup(quick=None):
     """The set-up shared by the lectures: returns (QUICK, save).
 
     QUICK is True when the environment has GPCLAB_QUICK=1 (small grids and short chains, as the test
-    suite runs the lectures), unless quick=True/False is given. save(fig, name) writes name.png into
-    the folder GPCLAB_SAVE_FIGURES names, if any. Also sets matplotlib's legend and contour-label sizes
-    the lectures share.
+    suite runs the lectures), unless quick=True/False is given. save(fig, name) checks the figure
+    against the course's style (check_figure_style: at most 12 inches wide, no text under 9 pt, colour
+    maps viridis and RdBu_r, mathtext symbols) and writes name.png into the folder GPCLAB_SAVE_FIGURES
+    names, if any. Also sets matplotlib's font sizes and default colour map to that style.
     """
     import matplotlib as mpl
 
-    mpl.rcParams.update({"legend.fontsize": 8, "axes.titlesize": 11})
+    mpl.rcParams.update(_RC)
     setup = LectureSetup(quick)
     return setup.QUICK, setup.save
 
@@ -5509,31 +5603,54 @@ def _dark_to_light(n, cmap="viridis"):
 EVIDENCE_BELOW = (0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
 
 
+def _refined(x, y, Z, refine):
+    """Z on a grid `refine` times finer in each direction, by a cubic spline through the grid's values
+    (NaN-free grids of at least 4 x 4 points; otherwise Z itself)."""
+    from scipy.interpolate import RectBivariateSpline
+
+    x, y, Z = np.asarray(x, dtype=float), np.asarray(y, dtype=float), np.asarray(Z, dtype=float)
+    if refine <= 1 or min(len(x), len(y)) < 4 or not np.all(np.isfinite(Z)):
+        return x, y, Z
+    xf = np.linspace(x[0], x[-1], (len(x) - 1) * refine + 1)
+    yf = np.linspace(y[0], y[-1], (len(y) - 1) * refine + 1)
+    return xf, yf, RectBivariateSpline(y, x, Z)(yf, xf)
+
+
 def evidence_panel(ax, log_ell, log_sf, Z, below=EVIDENCE_BELOW, title=None, colorbar=True, mark=True,
-                   top=None):
+                   top=None, refine=None):
     """Contours of a log evidence Z (len(log_sf), len(log_ell)) at `below` nats under its maximum.
 
     The contour nearest the maximum is darkest and the farthest lightest (all visible on white); a
     colour bar, not inline labels, names each level in nats below the maximum, so no label is
-    clipped or covered. mark: a black + at the grid's maximum. top: the value levels count down
-    from (default the maximum of Z; give a shared top to compare panels). Returns (i, j), the
-    indices of the grid's maximum.
+    clipped or covered. Only the levels that occur on the panel are drawn and named in the colour bar.
+    mark: a black + at the grid's maximum. top: the value levels count down from (default the
+    maximum of Z; give a shared top to compare panels). refine: the contours are traced on a cubic
+    spline through the grid's values, `refine` times finer in each direction (default: fine enough
+    for about 100 points a side), so that a contour enclosing only a few grid points is drawn as the
+    smooth curve it is, not as a polygon of the grid; refine=1 contours the grid itself. Returns
+    (i, j), the indices of the grid's maximum.
     """
     import matplotlib.pyplot as plt
     from matplotlib.colors import BoundaryNorm, ListedColormap
 
     Z = np.asarray(Z, dtype=float)
     top = np.nanmax(Z) if top is None else float(top)
+    if refine is None:
+        refine = max(1, int(np.ceil(100 / max(min(Z.shape) - 1, 1))))
+    xf, yf, Zf = _refined(log_ell, log_sf, Z, int(refine))
     below = np.sort(np.asarray(below, dtype=float))[::-1]               # far levels first
     levels = top - below
-    cmap = ListedColormap(_dark_to_light(len(levels))[::-1])             # nearest the top: darkest
-    edges = np.concatenate([levels - 1e-9, [top + 1e-9]])
-    cs = ax.contour(log_ell, log_sf, Z, levels=levels, cmap=cmap,
-                    norm=BoundaryNorm(edges, cmap.N), linewidths=1.3)
-    if colorbar:
-        cb = plt.colorbar(cs, ax=ax, spacing="uniform", ticks=levels)
-        cb.ax.set_yticklabels([f"-{b:g}" for b in below])
-        cb.set_label("nats below the maximum")
+    occur = (levels < np.nanmax(Zf)) & (levels > np.nanmin(Zf))
+    below, levels = below[occur], levels[occur]
+    if len(levels):
+        cmap = ListedColormap(_dark_to_light(len(levels))[::-1])         # nearest the top: darkest
+        edges = np.concatenate([levels - 1e-9, [max(top, np.nanmax(Zf)) + 1e-9]])
+        cs = ax.contour(xf, yf, Zf, levels=levels, cmap=cmap, norm=BoundaryNorm(edges, cmap.N),
+                        linewidths=1.3)
+        if colorbar:
+            cb = plt.colorbar(cs, ax=ax, spacing="uniform", ticks=levels)
+            cb.ax.set_yticklabels([f"-{b:g}" for b in below])
+            cb.set_label("nats below the maximum")
     i, j = np.unravel_index(np.nanargmax(Z), Z.shape)
     if mark:
         ax.plot(log_ell[j], log_sf[i], "k+", ms=10, mew=2, clip_on=False, zorder=5)
@@ -5549,13 +5666,22 @@ _DIVERGING = ("RdBu_r", "RdBu", "PuOr", "PuOr_r", "coolwarm", "bwr")
 def band_panel(ax, log_ell, log_sf, D, levels, title=None, cmap="RdBu_r", label=None, tick_labels=None):
     """Filled bands of a difference D over (log l, log sf), one colour per band however uneven the
     levels, thin black lines between bands, and a colour bar with a tick at every level (or at
-    band centres with tick_labels). With a diverging colour map and levels on both sides of 0, the
+    band centres with tick_labels). Only the bands that D occupies are kept (levels below the band
+    holding D's minimum and above the one holding its maximum are dropped), so the colour bar names
+    the values that occur. With a diverging colour map and levels on both sides of 0, the
     bands below 0 take the map's lower half and those above its upper half, so white is 0 however
     many bands lie on each side. Returns the colour bar."""
     import matplotlib.pyplot as plt
     from matplotlib.colors import BoundaryNorm, ListedColormap
 
     levels = np.asarray(levels, dtype=float)
+    D = np.asarray(D, dtype=float)
+    lo = max(int(np.searchsorted(levels, np.nanmin(D), side="right")) - 1, 0)
+    hi = min(int(np.searchsorted(levels, np.nanmax(D), side="left")), len(levels) - 1)
+    hi = max(hi, lo + 1)
+    if tick_labels is not None:
+        tick_labels = list(tick_labels)[lo:hi]
+    levels = levels[lo:hi + 1]
     base = plt.get_cmap(cmap)
     n_neg, n_pos = int(np.sum(levels[1:] <= 0)), int(np.sum(levels[:-1] >= 0))
     if cmap in _DIVERGING and n_neg and n_pos and n_neg + n_pos == len(levels) - 1:
@@ -5574,7 +5700,6 @@ def band_panel(ax, log_ell, log_sf, D, levels, title=None, cmap="RdBu_r", label=
     else:
         cb.set_ticks(levels)
         cb.set_ticklabels([f"{v:g}" for v in levels])
-    cb.ax.tick_params(labelsize=7)
     if label:
         cb.set_label(label)
     if title:
@@ -5623,7 +5748,14 @@ def map_averaged_panel(ax, p_map, p_avg, y_test, label="p(y*=+1|x*)"):
     return wrong
 
 
-def slider_figure(draw, sliders, columns=3):
+class _Readout(str):
+    """A line of text shown as itself (no quotes) in a notebook's output."""
+
+    def __repr__(self):
+        return str(self)
+
+
+def slider_figure(draw, sliders, columns=3, readout=None):
     """A figure that sliders redraw in place: draw(**values) -> (fig, result).
 
     The figure at the sliders' initial values is shown as an ordinary output, a PNG image (so a static
@@ -5633,7 +5765,10 @@ def slider_figure(draw, sliders, columns=3):
     widget box, a list that collects each redraw's seconds: computation, drawing and the PNG). Nothing
     else is drawn: no stray figure. The first image is cropped to its tight bounding box; redraws keep
     that box, which spares matplotlib the extra drawing pass that finding it costs (about a third of
-    a redraw) and keeps the image from jumping as titles change length.
+    a redraw) and keeps the image from jumping as titles change length. The first figure is checked
+    against the course's style (check_figure_style). readout: a function of draw's result returning a
+    line of text, shown under the image and rewritten at every move, so the printed numbers always
+    belong to the sliders' current values.
     """
     import io
     import time
@@ -5648,6 +5783,7 @@ def slider_figure(draw, sliders, columns=3):
         t0 = time.perf_counter()
         fig, result = draw(**{name: s.value for name, s in sliders.items()})
         if not crop:
+            check_figure_style(fig, "slider figure (" + getattr(draw, "__name__", "draw") + ")")
             crop.append(fig.get_tightbbox().padded(0.1))
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=90, bbox_inches=crop[0])
@@ -5659,11 +5795,14 @@ def slider_figure(draw, sliders, columns=3):
     box = widgets.VBox(rows)
     display(box)
     handle = display(image, display_id=True)
+    text = display(_Readout(readout(result)), display_id=True) if readout is not None else None
     seconds = []
 
     def on_change(change):
-        image, _, t0 = render()
+        image, res, t0 = render()
         handle.update(image)
+        if text is not None:
+            text.update(_Readout(readout(res)))
         seconds.append(time.perf_counter() - t0)
 
     for s in sliders.values():
