@@ -5668,9 +5668,10 @@ def band_panel(ax, log_ell, log_sf, D, levels, title=None, cmap="RdBu_r", label=
     levels, thin black lines between bands, and a colour bar with a tick at every level (or at
     band centres with tick_labels). Only the bands that D occupies are kept (levels below the band
     holding D's minimum and above the one holding its maximum are dropped), so the colour bar names
-    the values that occur. With a diverging colour map and levels on both sides of 0, the
-    bands below 0 take the map's lower half and those above its upper half, so white is 0 however
-    many bands lie on each side. Returns the colour bar."""
+    the values that occur. With a diverging colour map and 0 among the levels (or all levels on one
+    side of it), the bands below 0 take the map's lower half and those above its upper half, so
+    white is 0 however many bands lie on each side, and a difference of one sign keeps its colour
+    whether or not the other sign occurs. Returns the colour bar."""
     import matplotlib.pyplot as plt
     from matplotlib.colors import BoundaryNorm, ListedColormap
 
@@ -5684,7 +5685,7 @@ def band_panel(ax, log_ell, log_sf, D, levels, title=None, cmap="RdBu_r", label=
     levels = levels[lo:hi + 1]
     base = plt.get_cmap(cmap)
     n_neg, n_pos = int(np.sum(levels[1:] <= 0)), int(np.sum(levels[:-1] >= 0))
-    if cmap in _DIVERGING and n_neg and n_pos and n_neg + n_pos == len(levels) - 1:
+    if cmap in _DIVERGING and n_neg + n_pos == len(levels) - 1:     # no band straddles 0
         colours = np.vstack([base(np.linspace(0.05, 0.45, n_neg)), base(np.linspace(0.55, 0.95, n_pos))])
         cmap = ListedColormap(colours).with_extremes(under=base(0.0), over=base(1.0))
         norm = BoundaryNorm(levels, cmap.N)
