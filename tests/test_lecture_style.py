@@ -107,3 +107,40 @@ def test_evidence_panel_draws_a_contour_around_a_lone_maximum():
     assert len(cs.levels) == 3 and all(len(segs) for segs in cs.allsegs)
     r = np.hypot(*cs.allsegs[-1][0].T)                      # the -0.25 contour: a circle of radius 0.5
     assert np.abs(r - 0.5).max() < 0.05
+
+
+def test_slider_readout_follows_the_slider(monkeypatch):
+    """The readout under a slider figure is rewritten at every move (not left at the initial values), and the
+    first figure is checked against the style."""
+    widgets = pytest.importorskip("ipywidgets")
+    import IPython.display
+
+    shown = []                                  # what the notebook would show, in order, as text
+
+    class Handle:
+        def update(self, obj):
+            shown.append(str(obj))
+
+    def fake_display(obj, display_id=None):
+        shown.append(str(obj))
+        return Handle() if display_id else None
+
+    monkeypatch.setattr(IPython.display, "display", fake_display)
+
+    def draw(a):
+        fig, ax = plt.subplots(figsize=(4, 3))
+        ax.plot([0, 1], [0, a])
+        return fig, 10 * a
+
+    slider = widgets.FloatSlider(value=1.0, min=0.0, max=5.0)
+    result, _, _ = gpclab.slider_figure(draw, {"a": slider}, readout=lambda r: f"ten times a: {r:.1f}")
+    assert result == 10.0 and shown[-1] == "ten times a: 10.0"
+    slider.value = 3.0
+    assert shown[-1] == "ten times a: 30.0"
+
+    def wide(a):
+        fig, ax = plt.subplots(figsize=(15, 3))
+        return fig, a
+
+    with pytest.raises(AssertionError, match=r"slider figure \(wide\).*width 15 in"):
+        gpclab.slider_figure(wide, {"a": widgets.FloatSlider(value=1.0)})
