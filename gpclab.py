@@ -5640,10 +5640,11 @@ def evidence_panel(ax, log_ell, log_sf, Z, below=EVIDENCE_BELOW, title=None, col
     xf, yf, Zf = _refined(log_ell, log_sf, Z, int(refine))
     below = np.sort(np.asarray(below, dtype=float))[::-1]               # far levels first
     levels = top - below
+    colours = _dark_to_light(len(levels))[::-1]                          # nearest the top: darkest
     occur = (levels < np.nanmax(Zf)) & (levels > np.nanmin(Zf))
-    below, levels = below[occur], levels[occur]
+    below, levels, colours = below[occur], levels[occur], colours[occur]  # a level keeps its colour across panels
     if len(levels):
-        cmap = ListedColormap(_dark_to_light(len(levels))[::-1])         # nearest the top: darkest
+        cmap = ListedColormap(colours)
         edges = np.concatenate([levels - 1e-9, [max(top, np.nanmax(Zf)) + 1e-9]])
         cs = ax.contour(xf, yf, Zf, levels=levels, cmap=cmap, norm=BoundaryNorm(edges, cmap.N),
                         linewidths=1.3)
