@@ -5722,13 +5722,13 @@ def latent_panels(axes, xs, models, X=None, y=None, truth=None):
         ax_p.plot(X[y > 0, 0], np.ones(int((y > 0).sum())), "k+", label="class +1")
         ax_p.plot(X[y < 0, 0], np.zeros(int((y < 0).sum())), "kx", label="class -1")
     if truth is not None:
-        ax_p.plot(xs[:, 0], truth(xs[:, 0]), "k:", label="p(y=+1|x), generating")
+        ax_p.plot(xs[:, 0], truth(xs[:, 0]), "k:", label="$p(y=+1|x)$, generating")
     for model, name, c in models:
         ax_p.plot(xs[:, 0], model.predict_proba(xs)[:, 1], color=c, label=name)
         m, V = model.predict_latent(xs)
         sd = np.sqrt(V)
         ax_f.plot(xs[:, 0], m, color=c, label=f"{name} mean")
-        ax_f.fill_between(xs[:, 0], m - 2 * sd, m + 2 * sd, color=c, alpha=0.15, label=f"{name} +/- 2 sd")
+        ax_f.fill_between(xs[:, 0], m - 2 * sd, m + 2 * sd, color=c, alpha=0.15, label=f"{name} $\\pm$ 2 sd")
     ax_f.axhline(0, color="k", lw=0.5)
     ax_p.set(xlabel=LABELS["x"], ylabel=LABELS["p"], title="(a)", ylim=(-0.05, 1.05))
     ax_f.set(xlabel=LABELS["x"], ylabel=LABELS["f"], title="(b)")
@@ -5736,7 +5736,7 @@ def latent_panels(axes, xs, models, X=None, y=None, truth=None):
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
-def map_averaged_panel(ax, p_map, p_avg, y_test, label="p(y*=+1|x*)"):
+def map_averaged_panel(ax, p_map, p_avg, y_test, label="$p(y_*=+1|x_*)$"):
     """GPML Figure 3.9(a): averaged (3.25) against MAP predictions, misclassified cases marked."""
     p_map, p_avg = np.asarray(p_map, dtype=float), np.asarray(p_avg, dtype=float)
     wrong = np.where(p_avg > 0.5, 1.0, -1.0) != np.asarray(y_test)
