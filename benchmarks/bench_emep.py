@@ -30,7 +30,9 @@ ML-II) and EM-EP ('kg') learn the inverse length-scales. Table 2: six inputs,
 x1..x3 ~ N(y, 1), x4..x6 ~ N(0, 1), 300 training and 10,000 test cases;
 EM-EP with 'kg_iso' and with 'kg'. One row per repetition (and method or
 kernel), written to --out-table1 / --out-table2, as
-benchmarks/results/kg_table1.csv and kg_table2.csv, which the lecture shows.
+lectures/results/kg_table1.csv and kg_table2.csv, which the lecture shows
+(the lectures read their saved results from lectures/results/, so that they run
+when lectures/ is copied alone).
 
 Part "timing": one fit of GPC-EP(m,soft) at n = 200 (Pima.tr, d = 7) and
 n = 500 (Boston, d = 13), side by side in one run with one BLAS thread:
@@ -50,7 +52,7 @@ Usage: python benchmarks/bench_emep.py [--data-dir ../shared/datasets]
 --max-folds N evaluates only the first N folds of the split (the CSV's
 folds_run column says how many; standard errors are then over those folds).
 --out writes the cross-validation table (one row per data set, ours beside K&G's)
-to a CSV file, as benchmarks/results/kg_tables_4_5_7.csv, which the EM-EP
+to a CSV file, as lectures/results/kg_tables_4_5_7.csv, which the EM-EP
 lecture shows.
 A full run takes about an hour on two cores (multi-class Boston is the
 longest: 910 difference latents). The saved results came from runs side by side
