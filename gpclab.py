@@ -2237,12 +2237,14 @@ def _ais_block(L, y, likelihood, tau, t0, t1, g, ll, log_w, n_acc, steps, n_lf, 
     """Lines 5-6 of K&R Algorithm 3 at temperatures t0..t1-1 for every run.
 
     In parallel over the runs (_ais_temperatures), unless one run's block is
-    more leapfrog work than _AIS_SERIAL_WORK (a large n_leapfrog): then the
-    runs go one after the other in this thread, which sees Ctrl-C between
-    leapfrog steps (worker threads cannot). Same random numbers either way.
+    more leapfrog work than _AIS_SERIAL_WORK (a large n_leapfrog) or numba has
+    one thread here (numba.set_num_threads(1), or a process forked after numba's
+    threads started: see _start_threads): then the runs go one after the other
+    in this thread, which sees Ctrl-C between leapfrog steps (worker threads
+    cannot). Same random numbers either way.
     """
     n = y.shape[0]
-    serial = n_lf[t0:t1].sum() * float(n * n) > _AIS_SERIAL_WORK
+    serial = _numba_threads() == 1 or n_lf[t0:t1].sum() * float(n * n) > _AIS_SERIAL_WORK
     if not serial:
         _ais_temperatures(L, y, likelihood, tau, t0, t1, g, ll, log_w, n_acc, steps, n_lf, seed, serial)
         return
@@ -4782,8 +4784,8 @@ def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", met
     executor: a concurrent.futures-style executor (anything with
     submit(fn, *args) returning a future with .result()), e.g.
     ProcessPoolExecutor(mp_context=multiprocessing.get_context("spawn"))
-    (spawn: a forked worker inherits numba's OpenMP threads, which GNU
-    OpenMP does not survive once ais has run) or, on a cluster,
+    (a fork pool works too: a worker forked after numba's threads started
+    runs them serially) or, on a cluster,
     dask.distributed's Client(...).get_executor(). Each row of the grid is
     one task (the warm starts run along a row, from its first column, in
     the serial run too), so the result is identical to executor=None.
@@ -4871,16 +4873,10 @@ def _run_tasks(fn, tasks, executor, progress, desc):
 _SPAWN_POOL = 'ProcessPoolExecutor(mp_context=multiprocessing.get_context("spawn"))'
 
 
-def _check_executor(executor, where, parallel=False):
-    """A concurrent.futures-style executor, or an error that says what to pass.
-
-    parallel: the tasks call numba's parallel code (ais). A worker forked from a
-    process whose OpenMP threads have started (numba's 'omp' layer, GNU OpenMP on
-    Linux, after any ais call) dies when it runs parallel code ("fork() called from a
-    process already using GNU OpenMP") and the pool breaks or hangs: refused, with
-    the two ways out. numba's 'tbb' layer is fork-safe (measured: the forked pool gives the
-    serial answer).
-    """
+def _check_executor(executor, where):
+    """A concurrent.futures-style executor, or an error that says what to pass. A fork pool is
+    fine, also after numba's threads have started here: its workers run numba's parallel code
+    serially (_after_fork_in_child in Part III)."""
     if executor is None:
         return None
     if isinstance(executor, type):
@@ -4890,35 +4886,7 @@ def _check_executor(executor, where, parallel=False):
         raise ValueError(f"{where}: executor must have a submit(fn, *args) method (a "
                          f"concurrent.futures.Executor such as {_SPAWN_POOL}, or dask's "
                          f"Client(...).get_executor()), got {type(executor).__name__}")
-    if parallel and _forks(executor) and _openmp_started():
-        raise RuntimeError(
-            f"{where}: executor starts its workers by fork, and this process has started numba's "
-            "OpenMP threads (an ais call): GNU OpenMP kills a forked worker that runs ais, and the "
-            f"pool breaks. Use a spawn context, {_SPAWN_POOL}, or numba's fork-safe TBB threading "
-            "layer (pip install tbb, libtbb.so.12 on the library path, NUMBA_THREADING_LAYER=tbb)")
     return executor
-
-
-def _forks(executor):
-    """True if executor is a ProcessPoolExecutor whose workers start by fork."""
-    from concurrent.futures import ProcessPoolExecutor
-
-    ctx = getattr(executor, "_mp_context", None)
-    return (isinstance(executor, ProcessPoolExecutor) and ctx is not None
-            and ctx.get_start_method() == "fork")
-
-
-def _openmp_started():
-    """True if numba's threads run on OpenMP in this process (GNU OpenMP on Linux: not fork-safe)."""
-    import sys
-
-    import numba
-
-    try:
-        layer = numba.threading_layer()           # ValueError until the threads have started
-    except ValueError:
-        return False
-    return layer == "omp" and sys.platform.startswith("linux")
 
 
 def _one_blas_thread(fn, args):
@@ -5114,13 +5082,13 @@ def ais_grid(X, y, log_ell, log_sf, likelihood="probit", T=8000, R=3, step="auto
     executor: a concurrent.futures-style executor, as in evidence_grid:
     ProcessPoolExecutor(mp_context=multiprocessing.get_context("spawn")), or
     dask.distributed's Client(...).get_executor() on a cluster. A fork pool
-    is refused once this process has started numba's OpenMP threads (any
-    ais call): GNU OpenMP kills a forked worker that runs ais. Each grid point is one task, run with one numba thread
+    works too: a worker forked after this process started numba's threads
+    (any ais call) runs ais serially. Each grid point is one task, run with one numba thread
     (ais's runs then go one after the other in each worker instead of in
     threads); the result is identical to executor=None. Grid point (i, j)
     is seeded with seed + 1000 (i len(log_ell) + j).
     """
-    _check_executor(executor, "ais_grid", parallel=True)
+    _check_executor(executor, "ais_grid")
     y_pm, _ = binary_labels(y, "y", "ais_grid")
     if y_pm.shape[0] != X.shape[0]:
         raise ValueError(f"ais_grid: X and y must have the same number of samples, got {X.shape[0]} and {y_pm.shape[0]}")
@@ -6736,10 +6704,64 @@ def _public_by_name(name):
 def _start_threads():
     """Start numba's worker threads. numba does it when a parallel function is called from
     Python, or loaded from the cache; a cached function that calls a parallel one from numba
-    code (ais calls _ais_temperatures) must do it itself, or the parallel loop crashes."""
+    code (ais calls _ais_temperatures) must do it itself, or the parallel loop crashes.
+
+    In a process forked after its parent started numba's threads (_after_fork_in_child), the
+    calling thread gets one numba thread, so that ais runs its runs one after the other in it
+    (_ais_block): same numbers, and the child never enters the threading layer that the fork
+    broke."""
     if not config.DISABLE_JIT:
-        from numba import get_num_threads
-        get_num_threads()
+        from numba import get_num_threads, set_num_threads
+        if get_num_threads() != 1 and _FORKED_AFTER_THREADS:
+            set_num_threads(1)
+
+
+# A fork copies only the forking thread: numba's worker threads do not exist in the child, and
+# its threading layers are not fork-safe except TBB's. GNU OpenMP (numba's 'omp' layer on Linux)
+# ends a forked child that enters a parallel loop ("Terminating: fork() called from a process
+# already using GNU OpenMP, this is unsafe.") and the user's multiprocessing.Pool then waits
+# for ever for the task it had; the 'workqueue' layer's queues belong to threads that are gone.
+# A child forked after the threads started therefore runs numba's parallel code serially.
+_FORKED_AFTER_THREADS = False
+
+
+def _numba_threads():
+    """numba's number of threads for the calling thread (numba.get_num_threads), also from numba
+    code, where numba's own get_num_threads calls through a ctypes pointer and cannot be cached."""
+    if config.DISABLE_JIT:
+        return 1
+    return numba.get_num_threads()
+
+
+if not config.DISABLE_JIT:
+    from numba.extending import overload as _overload
+    from numba.np.ufunc.parallel import _iget_num_threads
+
+    @_overload(_numba_threads)
+    def _numba_threads_in_numba():
+        return lambda: _iget_num_threads()
+
+
+def _threads_started():
+    """The name of numba's threading layer if its threads have started in this process, else None."""
+    if config.DISABLE_JIT:
+        return None
+    try:
+        return numba.threading_layer()            # ValueError until the threads have started
+    except ValueError:
+        return None
+
+
+def _after_fork_in_child():
+    global _FORKED_AFTER_THREADS
+    layer = _threads_started()
+    if layer is not None and layer != "tbb":
+        _FORKED_AFTER_THREADS = True
+        numba.set_num_threads(1)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # BLAS dtrsm and dsyrk, LAPACK dpotri and dpotrf, called from numba through scipy's Cython
