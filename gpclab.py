@@ -849,7 +849,7 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
 
 
 @public(f_hat="(n,) nonempty", K="(n, n) psd", y="(n,) pm1", likelihood="{logistic,probit}", K_star="(n, m)",
-        k_star_star="(m,)", rule="{average,map,mackay}", L="(n, n) chol ?e")
+        k_star_star="(m,) nonneg", rule="{average,map,mackay}", L="(n, n) chol ?e")
 @njit(cache=True)
 def laplace_predict(f_hat, K, y, likelihood, K_star, k_star_star, rule="average", L=None):
     """Predictions for binary Laplace GPC (GPML Algorithm 3.2).
@@ -1321,7 +1321,7 @@ def _antithetic_average(mu_star, Sigma_star, S, seed):
 
 
 @public(K="(C, n, n) psd", y="(C, n) onehot nonempty", f_hat="(C, n)", K_star="(C, n, m)",
-        k_star_star="(C, m)", S="count", seed="seed", E="(C, n, n) ?", M="(n, n) chol ?",
+        k_star_star="(C, m) nonneg", S="count", seed="seed", E="(C, n, n) ?", M="(n, n) chol ?",
         G="(C, n, n) ?", together=(("E", "M"),))
 @njit(cache=True)
 def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0, E=None, M=None,
@@ -1786,7 +1786,7 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
 
 
 @public(nu_tilde="(n,) nonempty", tau_tilde="(n,) nonneg", K="(n, n) psd", K_star="(n, m)",
-        k_star_star="(m,)", L="(n, n) chol ?e", likelihood="{probit,step}", eps="eps")
+        k_star_star="(m,) nonneg", L="(n, n) chol ?e", likelihood="{probit,step}", eps="eps")
 @njit(cache=True)
 def ep_predict(nu_tilde, tau_tilde, K, K_star, k_star_star, L=None, likelihood="probit", eps=0.0):
     """Predictions for expectation propagation (GPML Algorithm 3.6).
@@ -2351,7 +2351,7 @@ def ais(K, y, likelihood, T=8000, R=3, step=None, n_leapfrog=None, seed=0, sched
     return log_Z, log_w, se, n_acc.sum() / (R * T), w.sum() ** 2 / (w * w).sum()
 
 
-@public(F="(S, n) nonempty", K="(n, n) psd", likelihood="{logistic,probit}", K_star="(n, m)", k_star_star="(m,)")
+@public(F="(S, n) nonempty", K="(n, n) psd", likelihood="{logistic,probit}", K_star="(n, m)", k_star_star="(m,) nonneg")
 @njit(cache=True)
 def mcmc_predict(F, K, likelihood, K_star, k_star_star):
     """Predictive probabilities of class +1 from posterior latent samples (K&R eqs. 3-4).
@@ -2867,7 +2867,7 @@ def orthant_probability(mean, cov, n_points=4000, n_shifts=8, seed=0):
 
 
 @public(nu_tilde="(N,) nonempty", tau_tilde="(N,) nonneg", C="(n, n) psd",
-        y="(J, n) onehot", K_star="(n, m)", k_star_star="(m,)", L="(N, N) chol ?e", n_points="count",
+        y="(J, n) onehot", K_star="(n, m)", k_star_star="(m,) nonneg", L="(N, N) chol ?e", n_points="count",
         seed="seed")
 @njit(cache=True)
 def ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L=None, n_points=1000,
@@ -3497,6 +3497,35 @@ def _input_spread(X):
     return float(np.median(dist)) if dist.size else 1.0
 
 
+def _column_spread(X):
+    """The median distance |x_m - x'_m| between the values of each input m (at most 500 rows, the
+    pairs of distinct values): the unit of input m, 0 for a constant input. Scaling column m by
+    c scales its spread by c, and with it the start (data_log_hyp) and bounds (default_bounds)
+    of its ARD weight, so that ML-II does not depend on the unit of each input."""
+    X = np.asarray(X, dtype=float)
+    sub = X[np.linspace(0, X.shape[0] - 1, min(X.shape[0], 500)).astype(int)]
+    out = np.zeros(X.shape[1])
+    if sub.shape[0] < 2:
+        return out
+    i, j = np.triu_indices(sub.shape[0], 1)
+    for m in range(X.shape[1]):
+        dist = np.abs(sub[i, m] - sub[j, m])     # not pdist's sqrt of a square: 1e-300 stays 1e-300
+        dist = dist[dist > 0]
+        out[m] = float(np.median(dist)) if dist.size else 0.0
+    return out
+
+
+def _ard_log_w(X, r):
+    """Each input's log w_m = -log(d' r_m^2) for data_log_hyp and default_bounds: r_m its median
+    distance (_column_spread), d' the number of inputs that vary, so that sum_m w_m (x_m - x'_m)^2
+    is about 1 at a typical pair, as r^2 / l^2 is at 'se''s start l = r. A constant input (r_m = 0)
+    takes the median distance r between whole inputs instead."""
+    rm = _column_spread(X)
+    varying = rm > 0
+    dv = max(int(varying.sum()), 1)
+    return np.where(varying, -np.log(dv * np.where(varying, rm, 1.0) ** 2), -2.0 * np.log(r))
+
+
 def data_log_hyp(kernel, X, y):
     """A starting point for ML-II from the data: GPClassifier's default.
 
@@ -3505,10 +3534,13 @@ def data_log_hyp(kernel, X, y):
     variance: sf^2 = 4 (1 + b^2) with b = |Phi^-1(p)| and p the fraction of
     the most frequent class, so that the prior spans the latent offset that
     the label balance needs (b = 0 for balanced classes). For 'ard': v0 =
-    sf^2, bias v1 = 1 + b^2, w_m = 1 / r^2; for 'kg', 'kg_iso': t0 = sf^2,
-    t1 = 1 + b^2, t2 = 1e-3 (K&G's footnote 11), l_m = 1 / r^2. From such a
-    start ML-II does not begin on the flat evidence n log(1/C) of K ~ 0 or a
-    tiny length-scale.
+    sf^2, bias v1 = 1 + b^2, w_m = 1 / (d' r_m^2) with r_m the median distance
+    between the values of input m alone and d' the number of inputs that vary
+    (_ard_log_w): each input in its own unit, so that a column in millimetres
+    beside one in kilometres starts where both matter; for 'kg': t0 = sf^2,
+    t1 = 1 + b^2, t2 = 1e-3 (K&G's footnote 11), l_m as 'ard''s w_m; 'kg_iso':
+    l = 1 / r^2. From such a start ML-II does not begin on the flat evidence
+    n log(1/C) of K ~ 0 or a tiny length-scale.
     """
     from scipy.special import ndtri
 
@@ -3525,9 +3557,9 @@ def data_log_hyp(kernel, X, y):
     if kernel == "se":
         return np.array([np.log(r), 0.5 * np.log(sf2)])
     if kernel == "ard":
-        return np.concatenate([[np.log(sf2), np.log(1.0 + b2)], np.full(d, -2.0 * np.log(r))])
-    m = d if kernel == "kg" else 1
-    return np.concatenate([[np.log(sf2), np.log(1.0 + b2), np.log(1e-3)], np.full(m, -2.0 * np.log(r))])
+        return np.concatenate([[np.log(sf2), np.log(1.0 + b2)], _ard_log_w(X, r)])
+    w = _ard_log_w(X, r) if kernel == "kg" else np.full(1, -2.0 * np.log(r))
+    return np.concatenate([[np.log(sf2), np.log(1.0 + b2), np.log(1e-3)], w])
 
 
 def _trivial_plateau(value, y):
@@ -3547,21 +3579,26 @@ def default_bounds(kernel, d, X=None):
 
     The signal variance is capped at sf^2 = 1e5, as Kuss & Rasmussen
     (appendix B) recommend: beyond it the evidence is flat in sf.
-    Length-scales: l from e^-10 r to e^10 r ('se'; for 'ard', 'kg', 'kg_iso'
-    the inverse squared length-scales w = 1 / l^2 from e^-20 / r^2 to
-    e^10 / r^2), with r the median distance between the inputs of X
-    (_input_spread), or r = 1 without X. Relative to r, the bounds follow X
-    into any unit: x in metres or in micrometres gives the same fit.
+    Length-scales: l from e^-10 r to e^10 r ('se'; for 'kg_iso' the inverse
+    squared length-scale w = 1 / l^2 from e^-20 / r^2 to e^10 / r^2), with r
+    the median distance between the inputs of X (_input_spread), or r = 1
+    without X. For 'ard' and 'kg', each input's own: w_m from e^-20 to e^10
+    times 1 / (d' r_m^2), the start of data_log_hyp (_ard_log_w: r_m the median
+    distance between the values of input m). Relative to the spread, the bounds
+    follow X into any unit, of all inputs or of each: x in metres or in
+    micrometres gives the same fit.
     """
     cap = 0.5 * np.log(1e5)
     log_r = 0.0 if X is None else np.log(_input_spread(X))
     if kernel == "se":
         return [(log_r - 10.0, log_r + 10.0), (-10.0, cap)]
-    w = (-20.0 - 2.0 * log_r, 10.0 - 2.0 * log_r)
+    if X is None or kernel == "kg_iso":
+        ws = [(-20.0 - 2.0 * log_r, 10.0 - 2.0 * log_r)] * (1 if kernel == "kg_iso" else d)
+    else:
+        ws = [(w - 20.0, w + 10.0) for w in _ard_log_w(X, np.exp(log_r))]
     if kernel in ("kg", "kg_iso"):
-        return ([(-10.0, np.log(1e5)), (-15.0, np.log(1e5)), (-15.0, np.log(1e5))]
-                + [w] * (d if kernel == "kg" else 1))
-    return [(-10.0, np.log(1e5)), (-15.0, np.log(1e5))] + [w] * d
+        return [(-10.0, np.log(1e5)), (-15.0, np.log(1e5)), (-15.0, np.log(1e5))] + ws
+    return [(-10.0, np.log(1e5)), (-15.0, np.log(1e5))] + ws
 
 
 def _emep_unit_shift(kernel, X, discrete=None):
@@ -3788,8 +3825,7 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
     ctx = _Context("ml2")
     if ftol is not None:
         ftol = _SCALARS["nonneg"](ftol, "ftol", ctx)
-    if hyp_prior is not None and (len(hyp_prior) != 2 or not hyp_prior[1] > 0):
-        raise ValueError(f"ml2: hyp_prior must be (mean, sd) with sd > 0, got {hyp_prior!r}")
+    hyp_prior = _check_hyp_prior(hyp_prior, "ml2")
     counts = np.sum(y, axis=1) if np.ndim(y) == 2 else np.array([np.sum(y < 0), np.sum(y > 0)])
     if np.count_nonzero(counts) < 2:
         raise ValueError(f"ml2: y must hold at least two classes, got {np.count_nonzero(counts)} "
@@ -3859,9 +3895,17 @@ def _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_p
         k = 1 if kernel == "se" else 0                       # the scale of K: see the docstring
         bounds = list(bounds)
         bounds[k] = (x0[k], x0[k])
-    res = minimize(neg, x0, jac=True, method="L-BFGS-B", bounds=bounds,
-                   options={"maxiter": max_iter,
-                            "ftol": ftol if ftol is not None else 1e-6 if method in ("ep", "emep") else 2.2e-9})
+    if all(lo == hi for lo, hi in bounds):
+        # every hyperparameter fixed by its bounds: nothing to optimise (scipy's L-BFGS-B would
+        # return a result without nit); the evidence at the one point allowed
+        from scipy.optimize import OptimizeResult
+        f, g = neg(x0)
+        res = OptimizeResult(x=x0, fun=f, jac=g, nit=0, nfev=1, success=bool(np.isfinite(f)),
+                             message="every hyperparameter is fixed by its bounds")
+    else:
+        res = minimize(neg, x0, jac=True, method="L-BFGS-B", bounds=bounds,
+                       options={"maxiter": max_iter,
+                                "ftol": ftol if ftol is not None else 1e-6 if method in ("ep", "emep") else 2.2e-9})
     notes = {}
     if not state["converged"].get(np.asarray(res.x, dtype=float).tobytes(), True):
         what = "EP" if method in ("ep", "emep") else "Newton's method"
@@ -3905,6 +3949,67 @@ def _named_errors(where, call, *args, **kwargs):
         if type(e) not in (ValueError, TypeError) or str(e).startswith(where):
             raise
         raise type(e)(f"{where}: {e}") from None
+
+
+def _check_frame(X, where):
+    """A DataFrame X: column names unique, columns of numbers (scikit-learn's checks give a raw
+    pandas DuplicateError, or numpy's DTypePromotionError for a datetime column)."""
+    columns, dtypes = getattr(X, "columns", None), getattr(X, "dtypes", None)
+    if columns is None or dtypes is None:
+        return
+    names = list(columns)
+    dup = sorted({str(c) for c in names if names.count(c) > 1})
+    if dup:
+        raise ValueError(_bounded(f"{where}: X has duplicate column names {', '.join(map(_brief, dup))}: give "
+                                  "each column its own name (a model checks the names at prediction)"))
+    for name, dt in zip(names, dtypes):
+        kind = getattr(dt, "kind", "O")
+        if kind in "mM":
+            raise TypeError(_bounded(f"{where}: X column {_brief(name)} holds {dt} values, not numbers: convert "
+                                     "it first, e.g. to days since its first date, "
+                                     "(X[c] - X[c].min()).dt.days"))
+
+
+def _check_X_range(X, where, spread=True):
+    """X, whose squared distances float64 can hold: every |x| below 1e150 (else (x - x')^2
+    overflows to inf). With spread, each varying column's spread (its median distance,
+    _column_spread) within 1e-50 to 1e50, so that the start and bounds of ML-II, which follow
+    it (log w_m = -2 log r_m, bounds +-20 about it), stay inside the +-300 that log_hyp allows
+    (exp(600) is near float64's end). Raises a ValueError naming X otherwise."""
+    big = np.abs(X) >= _X_ENTRY_LIMIT
+    if np.any(big):
+        i, j = np.argwhere(big)[0]
+        raise ValueError(f"{where}: X holds {X[i, j]:.4g} at row {i}, column {j}: entries beyond +-1e150 "
+                         "overflow the squared distances of the covariance (float64 ends at 1.8e308); "
+                         "rescale X, e.g. with sklearn.preprocessing.StandardScaler")
+    if not spread:
+        return
+    r = _column_spread(X)
+    out = (r > 0) & ((r < 1.0 / _X_SPREAD_LIMIT) | (r > _X_SPREAD_LIMIT))
+    if np.any(out):
+        j = int(np.argmax(out))
+        raise ValueError(f"{where}: X column {j} spreads over {r[j]:.3g} (the median distance between its "
+                         "values), outside 1e-50 to 1e50: the length-scales that fit it lie beyond "
+                         "the range of log_hyp (+-300); rescale X, e.g. with "
+                         "sklearn.preprocessing.StandardScaler")
+
+
+_X_ENTRY_LIMIT = 1e150
+_X_SPREAD_LIMIT = 1e50
+
+
+def _check_hyp_prior(hyp_prior, where):
+    """hyp_prior: None, or (mean, sd) of the Gaussian prior on each log-hyperparameter, two
+    finite numbers with sd > 0. Returns (mean, sd) as floats, or None."""
+    if hyp_prior is None:
+        return None
+    ok = (isinstance(hyp_prior, (tuple, list, np.ndarray)) and len(hyp_prior) == 2
+          and all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+                  for v in hyp_prior))
+    if not ok or not all(math.isfinite(v) for v in hyp_prior) or not hyp_prior[1] > 0:
+        raise ValueError(f"{where}: hyp_prior must be (mean, sd), two finite numbers with sd > 0 (the "
+                         f"Gaussian prior on each log-hyperparameter, e.g. (-3, 3)), got {_brief(hyp_prior)}")
+    return float(hyp_prior[0]), float(hyp_prior[1])
 
 
 # gpclab.GPClassifier is this class with scikit-learn's ClassifierMixin and BaseEstimator as bases,
@@ -4084,9 +4189,11 @@ class GPClassifier:
                                  f"{' or '.join(map(repr, allowed))}, got likelihood={self.likelihood!r}")
         if not isinstance(self.n_restarts, (int, np.integer)) or isinstance(self.n_restarts, bool) \
                 or self.n_restarts < 0:
-            raise ValueError(f"GPClassifier: n_restarts must be a non-negative integer, got {self.n_restarts!r}")
-        if self.hyp_prior is not None and (len(self.hyp_prior) != 2 or not self.hyp_prior[1] > 0):
-            raise ValueError(f"GPClassifier: hyp_prior must be (mean, sd) with sd > 0, got {self.hyp_prior!r}")
+            raise ValueError(f"GPClassifier: n_restarts must be a non-negative integer, got {_brief(self.n_restarts)}")
+        _check_hyp_prior(self.hyp_prior, "GPClassifier")
+        ctx = _Context("GPClassifier")
+        for name in ("optimize", "shared_hyp", "learn_eps"):     # no truthy strings: 'no' is not False
+            _flag(getattr(self, name), name, ctx)
         if self.method == "emep" and self.kernel in ("se", "ard"):
             raise ValueError(f"GPClassifier: method 'emep' needs kernel 'kg' or 'kg_iso' (K&G's covariance, "
                              f"the default), got kernel={self.kernel!r}: EM-EP's bound (K&G 29) needs C^-1 "
@@ -4099,9 +4206,9 @@ class GPClassifier:
                              "without a prior")
         if not isinstance(self.n_samples, (int, np.integer)) or isinstance(self.n_samples, bool) \
                 or self.n_samples < 1:
-            raise ValueError(f"GPClassifier: n_samples must be a positive integer, got {self.n_samples!r}")
+            raise ValueError(f"GPClassifier: n_samples must be a positive integer, got {_brief(self.n_samples)}")
         if not (isinstance(self.eps, (int, float, np.floating)) and 0.0 <= self.eps < 0.5):
-            raise ValueError(f"GPClassifier: eps must be a number in [0, 0.5), got {self.eps!r}")
+            raise ValueError(f"GPClassifier: eps must be a number in [0, 0.5), got {_brief(self.eps)}")
         if self.eps != 0.0 and self.likelihood not in ("step", None):
             raise ValueError(f"GPClassifier: eps is the labelling noise of likelihood 'step', got "
                              f"likelihood={self.likelihood!r} with eps={self.eps}")
@@ -4117,7 +4224,7 @@ class GPClassifier:
         if not (rs is None or isinstance(rs, (np.random.RandomState, np.random.Generator))):
             if isinstance(rs, (bool, np.bool_)) or not isinstance(rs, (int, np.integer)):
                 raise TypeError(f"GPClassifier: random_state must be None, an int, a "
-                                f"numpy.random.RandomState or a numpy.random.Generator, got {rs!r}")
+                                f"numpy.random.RandomState or a numpy.random.Generator, got {_brief(rs)}")
             _SCALARS["seed"](rs, "random_state", ctx)
 
     def _random(self):
@@ -4146,6 +4253,13 @@ class GPClassifier:
                               "not sort together; give labels of one type (e.g. all str or all int), "
                               "without None")
 
+        if y.dtype.kind == "S" or (y.dtype == object and len(y) and all(isinstance(v, bytes) for v in y)):
+            # bytes labels (b"yes", b"no"), as scikit-learn accepts them: classes_ of dtype bytes
+            classes, idx = np.unique(np.array(list(y), dtype=bytes), return_inverse=True)
+            if classes.shape[0] < 2:
+                raise ValueError(f"GPClassifier.fit: y has 1 class ({_brief(classes.tolist()[0])}) in {len(y)} "
+                                 "sample(s); a classifier needs at least two classes")
+            return classes, idx
         if y.dtype == object:
             kinds = {str if isinstance(v, str) else int if isinstance(v, (int, np.integer)) else type(v)
                      for v in y}
@@ -4177,8 +4291,10 @@ class GPClassifier:
         for key in [k for k in vars(self) if k.endswith("_") and not k.startswith("_")]:
             delattr(self, key)                                # refit from a clean state
         self._check_params()
+        _check_frame(X, "GPClassifier.fit")
         X, y = _named_errors("GPClassifier.fit", validate_data, self, X, y, dtype=np.float64, order="C",
                              copy=True)                   # the model owns X
+        _check_X_range(X, "GPClassifier.fit", spread=bool(self.optimize))
         self.classes_, idx = self._labels(y)
         C = self.classes_.shape[0]
         d = X.shape[1]
@@ -4324,7 +4440,7 @@ class GPClassifier:
         if b is None or b.shape != (p, 2):
             raise ValueError(f"GPClassifier.fit: bounds must have shape ({p}, 2), one (low, high) pair per "
                              f"log-hyperparameter of kernel {kernel!r} on {d} inputs, got "
-                             f"{'shape ' + str(b.shape) if b is not None else repr(self.bounds)}")
+                             f"{'shape ' + str(b.shape) if b is not None else _brief(self.bounds)}")
         if np.any(np.isnan(b)) or np.any(b[:, 0] > b[:, 1]):
             i = int(np.argmax(np.isnan(b).any(axis=1) | (b[:, 0] > b[:, 1])))
             raise ValueError(f"GPClassifier.fit: bounds must be (low, high) pairs with low <= high, got "
@@ -4346,6 +4462,7 @@ class GPClassifier:
         from sklearn.utils.validation import validate_data
 
         self._check_fitted()
+        _check_frame(X, where)
         X = _named_errors(where, validate_data, self, X, reset=False, dtype=np.float64, order="C")
         return X if X.flags.writeable else X.copy()
 
@@ -5125,7 +5242,8 @@ def _ais_grid_point(X, y_pm, likelihood, T, R, step, n_leapfrog, log_ell_j, log_
     h = np.array([log_ell_j, log_sf_i])
     K = kernel_matrix("se", X, X, h)
     eps, nl = (None, None) if isinstance(step, str) and step == "auto" else (step, n_leapfrog)
-    lz, _, se, acc, ess = ais(K, y_pm, likelihood, T, R, eps, nl, seed)
+    # unchecked: ais_grid checked these, and warns once for all points whose acceptance is off
+    lz, _, se, acc, ess = ais.unchecked(K, y_pm, likelihood, T, R, eps, nl, seed)
     return lz, se, acc, ess
 
 
@@ -5241,10 +5359,10 @@ def _data_file(path, where, what):
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise ValueError(f"{where}: path {path!r} does not exist: path must be a readable {what} file") from None
-    except OSError as e:
-        raise ValueError(f"{where}: path {path!r} cannot be read: path must be a readable {what} "
-                         f"file ({e})") from None
+        raise ValueError(f"{where}: path {_brief(path)} does not exist: path must be a readable {what} file") from None
+    except (OSError, ValueError) as e:                  # ValueError: a null byte in the path
+        raise ValueError(f"{where}: path {_brief(path)} cannot be read: path must be a readable {what} "
+                         f"file ({getattr(e, 'strerror', None) or e})") from None
     if not stat.S_ISREG(st.st_mode):
         kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
                 else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a file")
@@ -5298,6 +5416,11 @@ def load_usps(path, digits=None):
         if Y.ndim != 2 or Y.shape[0] != 10 or Y.shape[1] != X.shape[0] or np.any((Y != 1).sum(axis=0) != 9):
             raise ValueError(f"load_usps: {part}_labels must be 10 x n with one +1 per column "
                              f"(-1 elsewhere), n = {X.shape[0]}; got shape {Y.shape}")
+        bad = ~((Y == 1) | (Y == -1))                     # NaN, inf, 0.5: not a label
+        if np.any(bad):
+            i, j = np.argwhere(bad)[0]
+            raise ValueError(f"load_usps: {part}_labels must hold only +1 and -1 (one +1 per column), got "
+                             f"{Y[i, j]} at row {i}, column {j}")
         y = np.argmax(Y, axis=0)
         if keep is not None:
             sel = np.isin(y, keep)
@@ -5355,7 +5478,11 @@ def load_ionosphere(path):
             got = (f"{bad[0]!r}, which is not a number" if bad else
                    f"{len(parts) - 1} numbers and {parts[-1]!r}")
             raise ValueError(f"{where}: expected 34 numbers and a label g or b, got {got}")
-        rows.append([float(v) for v in parts[:-1]])
+        row = [float(v) for v in parts[:-1]]
+        if not all(math.isfinite(v) for v in row):     # 1e400 is a decimal number, and inf as a float
+            v = next(p for p, f in zip(parts[:-1], row) if not math.isfinite(f))
+            raise ValueError(f"{where}: values must be finite, got {v!r}, beyond float64's range (1.8e308)")
+        rows.append(row)
         labels.append(parts[-1])
     if not rows:
         raise ValueError(f"load_ionosphere: path {path!r} holds no data lines")
@@ -6004,8 +6131,28 @@ class _Context:
         self.args = {}
 
 
+_MESSAGE_CHARS = 2000                  # an error message quotes at most this much of what it was given
+
+
+def _brief(value, limit=200):
+    """repr(value), at most about `limit` characters: what an error message quotes of an argument
+    (a million-character name or list would otherwise make a million-character message)."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit // 2]}...{text[-limit // 4:]} ({len(text):,} characters)"
+
+
+def _bounded(message, limit=_MESSAGE_CHARS):
+    """message, cut in the middle if longer than limit characters."""
+    if len(message) <= limit:
+        return message
+    return f"{message[:limit // 2]} [... {len(message) - limit:,} characters left out ...] {message[-limit // 2:]}"
+
+
 def _fail(exc, ctx, name, message):
-    raise exc(f"{ctx.where}: {name} {message}" if ctx.where else f"{name} {message}")
+    name = name if len(name) <= 200 else _brief(name)
+    raise exc(_bounded(f"{ctx.where}: {name} {message}" if ctx.where else f"{name} {message}"))
 
 
 def _scalar_number(value, name, ctx, integer):
@@ -6035,7 +6182,7 @@ def _scalar(test, what, integer=False, allow_inf=False):
         if not integer and allow_inf and math.isnan(v):
             _fail(ValueError, ctx, name, "must not be NaN")
         if not test(v):
-            _fail(ValueError, ctx, name, f"must be {what}, got {value!r}")
+            _fail(ValueError, ctx, name, f"must be {what}, got {_brief(value)}")
         return v
     return check
 
@@ -6061,10 +6208,11 @@ def _choice(choices):
             _fail(TypeError, ctx, name, f"must be a name, one of {', '.join(map(repr, choices))}; "
                                         f"got {type(value).__name__}")
         if value not in choices:
-            close = difflib.get_close_matches(value.lower(), choices, n=1, cutoff=0.5)
+            close = (difflib.get_close_matches(value.lower(), choices, n=1, cutoff=0.5)
+                     if len(value) < 100 else [])
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             _fail(ValueError, ctx, name, f"must be one of {', '.join(map(repr, choices))}, "
-                                         f"got {value!r}{hint}")
+                                         f"got {_brief(value)}{hint}")
         return value
     return check
 
@@ -6320,7 +6468,8 @@ def _data_matrix(value, name, ctx):
 
 def _flag(value, name, ctx):
     if not isinstance(value, (bool, np.bool_)):
-        _fail(TypeError, ctx, name, f"must be True or False, got {value!r}")
+        _fail(TypeError, ctx, name, f"must be True or False, got {_brief(value)}"
+                                    + (" (a string is not a flag)" if isinstance(value, str) else ""))
     return bool(value)
 
 
@@ -6602,7 +6751,10 @@ class PublicFunction:
         functools.update_wrapper(self, self.py_func)
 
     def __call__(self, *args, **kwargs):
-        bound = self.signature.bind(*args, **kwargs)
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e:                          # too many, missing or unknown arguments
+            raise TypeError(_bounded(f"{self.__name__}: {e}", 500)) from None
         bound.apply_defaults()
         ctx = _Context(self.__name__)
         ctx.args = dict(bound.arguments)
@@ -6612,9 +6764,12 @@ class PublicFunction:
         if self.__name__ in _ALLOCATES:
             _check_allocation(_ALLOCATES[self.__name__], ctx)
         try:
-            return self._run(bound)
+            out = self._run(bound)
         except np.linalg.LinAlgError as e:
             raise self._factorisation_failed(bound.arguments, e) from None
+        if self.__name__ in _AFTER:                          # warnings about the result (checked calls only)
+            globals()[_AFTER[self.__name__]](out)
+        return out
 
     def _factorisation_failed(self, arguments, e):
         """A Cholesky factorisation failed inside the body: the message of _factorisation_failed."""
@@ -6784,6 +6939,23 @@ _dpotrf = _c_function("gpclab_dpotrf", get_cython_function_address("scipy.linalg
 
 # public functions that run a parallel numba loop from numba code start numba's threads first
 _PREPARE = {"ais": "_start_threads"}
+# public functions whose checked calls warn about what they return (ais_grid and others call
+# them unchecked and warn once for all their points)
+_AFTER = {"ais": "_warn_ais"}
+
+_AIS_MEANINGLESS = 0.1
+
+
+def _warn_ais(out):
+    """ais: warn when the HMC transitions hardly ever move (acceptance below 0.1): the chains then
+    stay at their draws from the prior, log Z is an importance-sampling estimate from the prior
+    whose weights one draw dominates, and se, computed from the same few weights, cannot show it."""
+    acceptance = out[3]
+    if acceptance < _AIS_MEANINGLESS:
+        warnings.warn(f"ais: HMC acceptance {acceptance:.3g} is below {_AIS_MEANINGLESS}: the chains hardly "
+                      "move, so log_Z is an estimate from the prior's draws alone, with an error that se "
+                      "cannot show; use a smaller step (step=None, the default, follows K)",
+                      RuntimeWarning, stacklevel=3)
 
 
 def _assemble_one(fn):

@@ -30,7 +30,7 @@ K = gpclab.kernel_matrix("se", X, X, [0.0, 0.0])
 
 
 def task(seed):
-    return float(gpclab.ais(K, y, "probit", 50, 4, 0.2, seed)[0])
+    return float(gpclab.ais(K, y, "probit", 50, 4, 0.2, seed=seed)[0])
 
 
 serial = [task(s) for s in (1, 2, 3)]                 # numba's threads start here
