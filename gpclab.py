@@ -3498,20 +3498,22 @@ def _input_spread(X):
 
 
 def _column_spread(X):
-    """The median distance |x_m - x'_m| between the values of each input m (at most 500 rows, the
+    """The median distance |x_m - x'_m| between the values of each input m (at most 200 rows, the
     pairs of distinct values): the unit of input m, 0 for a constant input. Scaling column m by
     c scales its spread by c, and with it the start (data_log_hyp) and bounds (default_bounds)
-    of its ARD weight, so that ML-II does not depend on the unit of each input."""
+    of its ARD weight, so that ML-II does not depend on the unit of each input. (USPS's 256
+    inputs: about 0.1 s.)"""
     X = np.asarray(X, dtype=float)
-    sub = X[np.linspace(0, X.shape[0] - 1, min(X.shape[0], 500)).astype(int)]
+    sub = X[np.linspace(0, X.shape[0] - 1, min(X.shape[0], 200)).astype(int)]
     out = np.zeros(X.shape[1])
     if sub.shape[0] < 2:
         return out
     i, j = np.triu_indices(sub.shape[0], 1)
-    for m in range(X.shape[1]):
-        dist = np.abs(sub[i, m] - sub[j, m])     # not pdist's sqrt of a square: 1e-300 stays 1e-300
-        dist = dist[dist > 0]
-        out[m] = float(np.median(dist)) if dist.size else 0.0
+    for m0 in range(0, X.shape[1], 64):                        # 64 inputs at a time: 10 MB
+        dist = np.abs(sub[i, m0:m0 + 64] - sub[j, m0:m0 + 64])  # not pdist's sqrt of a square: 1e-300 stays
+        dist[dist == 0] = np.nan                                # pairs of distinct values only
+        dist[:, np.isnan(dist).all(axis=0)] = 0.0               # a constant input: spread 0
+        out[m0:m0 + 64] = np.nanmedian(dist, axis=0)
     return out
 
 
