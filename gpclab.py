@@ -4281,8 +4281,12 @@ class GPClassifier:
         """Fit the hyperparameters (if optimize) and the approximate posterior.
 
         X : array-like (n, d) of numbers (a DataFrame's column names are kept
-        and checked at prediction); y : n labels of any one type, two or more
-        classes. A second fit starts from a clean state.
+        and checked at prediction), in any unit per input, with entries below
+        1e150 in size and, when optimize, each input spread over 1e-50 to 1e50
+        (its median distance; beyond, the length-scales that fit it leave the
+        +-300 of log_hyp): a ValueError names X otherwise. y : n labels of any
+        one type (str, int, bytes, ...), two or more classes. A second fit
+        starts from a clean state.
         """
         with _blas_threads_for([X]):     # ML-II's own numpy between gpclab's calls too
             return self._fit(X, y)
