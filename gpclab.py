@@ -3828,6 +3828,7 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
     if ftol is not None:
         ftol = _SCALARS["nonneg"](ftol, "ftol", ctx)
     hyp_prior = _check_hyp_prior(hyp_prior, "ml2")
+    _check_X_range(X, "ml2", spread=bounds is None)      # default bounds follow the spread of X
     counts = np.sum(y, axis=1) if np.ndim(y) == 2 else np.array([np.sum(y < 0), np.sum(y > 0)])
     if np.count_nonzero(counts) < 2:
         raise ValueError(f"ml2: y must hold at least two classes, got {np.count_nonzero(counts)} "

@@ -212,6 +212,8 @@ def test_x_that_float64_cannot_fit_is_named(make, match):
     X, y = _binary()
     with pytest.raises(ValueError, match="GPClassifier.fit: " + match):
         gpclab.GPClassifier().fit(make(X), y)
+    with pytest.raises(ValueError, match="ml2: " + match):
+        gpclab.ml2(make(X), y, [0.0, 0.0])
 
 
 def test_x_at_the_ends_of_the_allowed_spread_fits_like_unit_x():
