@@ -3,7 +3,8 @@
 OPENBLAS_CORETYPE forces the kernels of numpy's and scipy's bundled OpenBLAS, which changes the
 rounding of every BLAS and LAPACK call as another CPU would. CI takes the generic Prescott kernels
 and, of Haswell (AVX2) and SkylakeX (AVX-512), the one this machine does not pick, if its CPU can run
-it (a kernel whose instructions the CPU lacks would stop the process).
+it (a kernel whose instructions the CPU lacks would stop the process). OpenBLAS reports its forced
+Prescott kernels by the name of the table they share, "Katmai".
 
 Usage: python .ci/blas_kernels.py            # "own: Haswell" then one kernel per line
        python .ci/blas_kernels.py --current  # the kernels in use in this process, as threadpoolctl sees them
