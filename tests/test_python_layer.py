@@ -335,6 +335,12 @@ def test_ais_warns_when_its_chains_do_not_move():
     lambda K, y, m, ks: gpclab.laplace_predict(m.f_hat, K, y, "logistic", K[:, :2], np.array([-1.0, 1.0])),
     lambda K, y, m, ks: gpclab.ep_predict(np.zeros(len(y)), np.ones(len(y)), K, K[:, :2], np.array([1.0, -1e-3])),
     lambda K, y, m, ks: gpclab.mcmc_predict(np.zeros((3, len(y))), K, "probit", K[:, :2], np.array([1.0, -1.0])),
+    lambda K, y, m, ks: gpclab.laplace_predict_multiclass(
+        np.stack([K, K]), gpclab.one_hot((y > 0).astype(int), 2), np.zeros((2, len(y))),
+        np.stack([K[:, :2], K[:, :2]]), np.array([[1.0, 1.0], [1.0, -0.5]])),
+    lambda K, y, m, ks: gpclab.ep_predict_multiclass(
+        np.zeros(len(y)), np.ones(len(y)), K, gpclab.one_hot((y > 0).astype(int), 2), K[:, :2],
+        np.array([-2.0, 1.0])),
 ])
 def test_a_negative_prior_variance_at_a_test_point_is_refused(call):
     X, y = _binary()
