@@ -849,7 +849,7 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
 
 
 @public(f_hat="(n,) nonempty", K="(n, n) psd", y="(n,) pm1", likelihood="{logistic,probit}", K_star="(n, m)",
-        k_star_star="(m,)", rule="{average,map,mackay}", L="(n, n) chol ?e")
+        k_star_star="(m,) nonneg", rule="{average,map,mackay}", L="(n, n) chol ?e")
 @njit(cache=True)
 def laplace_predict(f_hat, K, y, likelihood, K_star, k_star_star, rule="average", L=None):
     """Predictions for binary Laplace GPC (GPML Algorithm 3.2).
@@ -1321,7 +1321,7 @@ def _antithetic_average(mu_star, Sigma_star, S, seed):
 
 
 @public(K="(C, n, n) psd", y="(C, n) onehot nonempty", f_hat="(C, n)", K_star="(C, n, m)",
-        k_star_star="(C, m)", S="count", seed="seed", E="(C, n, n) ?", M="(n, n) chol ?",
+        k_star_star="(C, m) nonneg", S="count", seed="seed", E="(C, n, n) ?", M="(n, n) chol ?",
         G="(C, n, n) ?", together=(("E", "M"),))
 @njit(cache=True)
 def laplace_predict_multiclass(K, y, f_hat, K_star, k_star_star, S=1000, seed=0, E=None, M=None,
@@ -1786,7 +1786,7 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
 
 
 @public(nu_tilde="(n,) nonempty", tau_tilde="(n,) nonneg", K="(n, n) psd", K_star="(n, m)",
-        k_star_star="(m,)", L="(n, n) chol ?e", likelihood="{probit,step}", eps="eps")
+        k_star_star="(m,) nonneg", L="(n, n) chol ?e", likelihood="{probit,step}", eps="eps")
 @njit(cache=True)
 def ep_predict(nu_tilde, tau_tilde, K, K_star, k_star_star, L=None, likelihood="probit", eps=0.0):
     """Predictions for expectation propagation (GPML Algorithm 3.6).
@@ -2237,12 +2237,14 @@ def _ais_block(L, y, likelihood, tau, t0, t1, g, ll, log_w, n_acc, steps, n_lf, 
     """Lines 5-6 of K&R Algorithm 3 at temperatures t0..t1-1 for every run.
 
     In parallel over the runs (_ais_temperatures), unless one run's block is
-    more leapfrog work than _AIS_SERIAL_WORK (a large n_leapfrog): then the
-    runs go one after the other in this thread, which sees Ctrl-C between
-    leapfrog steps (worker threads cannot). Same random numbers either way.
+    more leapfrog work than _AIS_SERIAL_WORK (a large n_leapfrog) or numba has
+    one thread here (numba.set_num_threads(1), or a process forked after numba's
+    threads started: see _start_threads): then the runs go one after the other
+    in this thread, which sees Ctrl-C between leapfrog steps (worker threads
+    cannot). Same random numbers either way.
     """
     n = y.shape[0]
-    serial = n_lf[t0:t1].sum() * float(n * n) > _AIS_SERIAL_WORK
+    serial = _numba_threads() == 1 or n_lf[t0:t1].sum() * float(n * n) > _AIS_SERIAL_WORK
     if not serial:
         _ais_temperatures(L, y, likelihood, tau, t0, t1, g, ll, log_w, n_acc, steps, n_lf, seed, serial)
         return
@@ -2349,7 +2351,7 @@ def ais(K, y, likelihood, T=8000, R=3, step=None, n_leapfrog=None, seed=0, sched
     return log_Z, log_w, se, n_acc.sum() / (R * T), w.sum() ** 2 / (w * w).sum()
 
 
-@public(F="(S, n) nonempty", K="(n, n) psd", likelihood="{logistic,probit}", K_star="(n, m)", k_star_star="(m,)")
+@public(F="(S, n) nonempty", K="(n, n) psd", likelihood="{logistic,probit}", K_star="(n, m)", k_star_star="(m,) nonneg")
 @njit(cache=True)
 def mcmc_predict(F, K, likelihood, K_star, k_star_star):
     """Predictive probabilities of class +1 from posterior latent samples (K&R eqs. 3-4).
@@ -2865,7 +2867,7 @@ def orthant_probability(mean, cov, n_points=4000, n_shifts=8, seed=0):
 
 
 @public(nu_tilde="(N,) nonempty", tau_tilde="(N,) nonneg", C="(n, n) psd",
-        y="(J, n) onehot", K_star="(n, m)", k_star_star="(m,)", L="(N, N) chol ?e", n_points="count",
+        y="(J, n) onehot", K_star="(n, m)", k_star_star="(m,) nonneg", L="(N, N) chol ?e", n_points="count",
         seed="seed")
 @njit(cache=True)
 def ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L=None, n_points=1000,
@@ -3495,6 +3497,37 @@ def _input_spread(X):
     return float(np.median(dist)) if dist.size else 1.0
 
 
+def _column_spread(X):
+    """The median distance |x_m - x'_m| between the values of each input m (at most 200 rows, the
+    pairs of distinct values): the unit of input m, 0 for a constant input. Scaling column m by
+    c scales its spread by c, and with it the start (data_log_hyp) and bounds (default_bounds)
+    of its ARD weight, so that ML-II does not depend on the unit of each input. (USPS's 256
+    inputs: about 0.1 s.)"""
+    X = np.asarray(X, dtype=float)
+    sub = X[np.linspace(0, X.shape[0] - 1, min(X.shape[0], 200)).astype(int)]
+    out = np.zeros(X.shape[1])
+    if sub.shape[0] < 2:
+        return out
+    i, j = np.triu_indices(sub.shape[0], 1)
+    for m0 in range(0, X.shape[1], 64):                        # 64 inputs at a time: 10 MB
+        dist = np.abs(sub[i, m0:m0 + 64] - sub[j, m0:m0 + 64])  # not pdist's sqrt of a square: 1e-300 stays
+        dist[dist == 0] = np.nan                                # pairs of distinct values only
+        dist[:, np.isnan(dist).all(axis=0)] = 0.0               # a constant input: spread 0
+        out[m0:m0 + 64] = np.nanmedian(dist, axis=0)
+    return out
+
+
+def _ard_log_w(X, r):
+    """Each input's log w_m = -log(d' r_m^2) for data_log_hyp and default_bounds: r_m its median
+    distance (_column_spread), d' the number of inputs that vary, so that sum_m w_m (x_m - x'_m)^2
+    is about 1 at a typical pair, as r^2 / l^2 is at 'se''s start l = r. A constant input (r_m = 0)
+    takes the median distance r between whole inputs instead."""
+    rm = _column_spread(X)
+    varying = rm > 0
+    dv = max(int(varying.sum()), 1)
+    return np.where(varying, -np.log(dv * np.where(varying, rm, 1.0) ** 2), -2.0 * np.log(r))
+
+
 def data_log_hyp(kernel, X, y):
     """A starting point for ML-II from the data: GPClassifier's default.
 
@@ -3503,10 +3536,13 @@ def data_log_hyp(kernel, X, y):
     variance: sf^2 = 4 (1 + b^2) with b = |Phi^-1(p)| and p the fraction of
     the most frequent class, so that the prior spans the latent offset that
     the label balance needs (b = 0 for balanced classes). For 'ard': v0 =
-    sf^2, bias v1 = 1 + b^2, w_m = 1 / r^2; for 'kg', 'kg_iso': t0 = sf^2,
-    t1 = 1 + b^2, t2 = 1e-3 (K&G's footnote 11), l_m = 1 / r^2. From such a
-    start ML-II does not begin on the flat evidence n log(1/C) of K ~ 0 or a
-    tiny length-scale.
+    sf^2, bias v1 = 1 + b^2, w_m = 1 / (d' r_m^2) with r_m the median distance
+    between the values of input m alone and d' the number of inputs that vary
+    (_ard_log_w): each input in its own unit, so that a column in millimetres
+    beside one in kilometres starts where both matter; for 'kg': t0 = sf^2,
+    t1 = 1 + b^2, t2 = 1e-3 (K&G's footnote 11), l_m as 'ard''s w_m; 'kg_iso':
+    l = 1 / r^2. From such a start ML-II does not begin on the flat evidence
+    n log(1/C) of K ~ 0 or a tiny length-scale.
     """
     from scipy.special import ndtri
 
@@ -3523,9 +3559,9 @@ def data_log_hyp(kernel, X, y):
     if kernel == "se":
         return np.array([np.log(r), 0.5 * np.log(sf2)])
     if kernel == "ard":
-        return np.concatenate([[np.log(sf2), np.log(1.0 + b2)], np.full(d, -2.0 * np.log(r))])
-    m = d if kernel == "kg" else 1
-    return np.concatenate([[np.log(sf2), np.log(1.0 + b2), np.log(1e-3)], np.full(m, -2.0 * np.log(r))])
+        return np.concatenate([[np.log(sf2), np.log(1.0 + b2)], _ard_log_w(X, r)])
+    w = _ard_log_w(X, r) if kernel == "kg" else np.full(1, -2.0 * np.log(r))
+    return np.concatenate([[np.log(sf2), np.log(1.0 + b2), np.log(1e-3)], w])
 
 
 def _trivial_plateau(value, y):
@@ -3545,21 +3581,26 @@ def default_bounds(kernel, d, X=None):
 
     The signal variance is capped at sf^2 = 1e5, as Kuss & Rasmussen
     (appendix B) recommend: beyond it the evidence is flat in sf.
-    Length-scales: l from e^-10 r to e^10 r ('se'; for 'ard', 'kg', 'kg_iso'
-    the inverse squared length-scales w = 1 / l^2 from e^-20 / r^2 to
-    e^10 / r^2), with r the median distance between the inputs of X
-    (_input_spread), or r = 1 without X. Relative to r, the bounds follow X
-    into any unit: x in metres or in micrometres gives the same fit.
+    Length-scales: l from e^-10 r to e^10 r ('se'; for 'kg_iso' the inverse
+    squared length-scale w = 1 / l^2 from e^-20 / r^2 to e^10 / r^2), with r
+    the median distance between the inputs of X (_input_spread), or r = 1
+    without X. For 'ard' and 'kg', each input's own: w_m from e^-20 to e^10
+    times 1 / (d' r_m^2), the start of data_log_hyp (_ard_log_w: r_m the median
+    distance between the values of input m). Relative to the spread, the bounds
+    follow X into any unit, of all inputs or of each: x in metres or in
+    micrometres gives the same fit.
     """
     cap = 0.5 * np.log(1e5)
     log_r = 0.0 if X is None else np.log(_input_spread(X))
     if kernel == "se":
         return [(log_r - 10.0, log_r + 10.0), (-10.0, cap)]
-    w = (-20.0 - 2.0 * log_r, 10.0 - 2.0 * log_r)
+    if X is None or kernel == "kg_iso":
+        ws = [(-20.0 - 2.0 * log_r, 10.0 - 2.0 * log_r)] * (1 if kernel == "kg_iso" else d)
+    else:
+        ws = [(w - 20.0, w + 10.0) for w in _ard_log_w(X, np.exp(log_r))]
     if kernel in ("kg", "kg_iso"):
-        return ([(-10.0, np.log(1e5)), (-15.0, np.log(1e5)), (-15.0, np.log(1e5))]
-                + [w] * (d if kernel == "kg" else 1))
-    return [(-10.0, np.log(1e5)), (-15.0, np.log(1e5))] + [w] * d
+        return [(-10.0, np.log(1e5)), (-15.0, np.log(1e5)), (-15.0, np.log(1e5))] + ws
+    return [(-10.0, np.log(1e5)), (-15.0, np.log(1e5))] + ws
 
 
 def _emep_unit_shift(kernel, X, discrete=None):
@@ -3786,8 +3827,8 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
     ctx = _Context("ml2")
     if ftol is not None:
         ftol = _SCALARS["nonneg"](ftol, "ftol", ctx)
-    if hyp_prior is not None and (len(hyp_prior) != 2 or not hyp_prior[1] > 0):
-        raise ValueError(f"ml2: hyp_prior must be (mean, sd) with sd > 0, got {hyp_prior!r}")
+    hyp_prior = _check_hyp_prior(hyp_prior, "ml2")
+    _check_X_range(X, "ml2", spread=bounds is None)      # default bounds follow the spread of X
     counts = np.sum(y, axis=1) if np.ndim(y) == 2 else np.array([np.sum(y < 0), np.sum(y > 0)])
     if np.count_nonzero(counts) < 2:
         raise ValueError(f"ml2: y must hold at least two classes, got {np.count_nonzero(counts)} "
@@ -3857,9 +3898,17 @@ def _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_p
         k = 1 if kernel == "se" else 0                       # the scale of K: see the docstring
         bounds = list(bounds)
         bounds[k] = (x0[k], x0[k])
-    res = minimize(neg, x0, jac=True, method="L-BFGS-B", bounds=bounds,
-                   options={"maxiter": max_iter,
-                            "ftol": ftol if ftol is not None else 1e-6 if method in ("ep", "emep") else 2.2e-9})
+    if all(lo == hi for lo, hi in bounds):
+        # every hyperparameter fixed by its bounds: nothing to optimise (scipy's L-BFGS-B would
+        # return a result without nit); the evidence at the one point allowed
+        from scipy.optimize import OptimizeResult
+        f, g = neg(x0)
+        res = OptimizeResult(x=x0, fun=f, jac=g, nit=0, nfev=1, success=bool(np.isfinite(f)),
+                             message="every hyperparameter is fixed by its bounds")
+    else:
+        res = minimize(neg, x0, jac=True, method="L-BFGS-B", bounds=bounds,
+                       options={"maxiter": max_iter,
+                                "ftol": ftol if ftol is not None else 1e-6 if method in ("ep", "emep") else 2.2e-9})
     notes = {}
     if not state["converged"].get(np.asarray(res.x, dtype=float).tobytes(), True):
         what = "EP" if method in ("ep", "emep") else "Newton's method"
@@ -3903,6 +3952,67 @@ def _named_errors(where, call, *args, **kwargs):
         if type(e) not in (ValueError, TypeError) or str(e).startswith(where):
             raise
         raise type(e)(f"{where}: {e}") from None
+
+
+def _check_frame(X, where):
+    """A DataFrame X: column names unique, columns of numbers (scikit-learn's checks give a raw
+    pandas DuplicateError, or numpy's DTypePromotionError for a datetime column)."""
+    columns, dtypes = getattr(X, "columns", None), getattr(X, "dtypes", None)
+    if columns is None or dtypes is None:
+        return
+    names = list(columns)
+    dup = sorted({str(c) for c in names if names.count(c) > 1})
+    if dup:
+        raise ValueError(_bounded(f"{where}: X has duplicate column names {', '.join(map(_brief, dup))}: give "
+                                  "each column its own name (a model checks the names at prediction)"))
+    for name, dt in zip(names, dtypes):
+        kind = getattr(dt, "kind", "O")
+        if kind in "mM":
+            raise TypeError(_bounded(f"{where}: X column {_brief(name)} holds {dt} values, not numbers: convert "
+                                     "it first, e.g. to days since its first date, "
+                                     "(X[c] - X[c].min()).dt.days"))
+
+
+def _check_X_range(X, where, spread=True):
+    """X, whose squared distances float64 can hold: every |x| below 1e150 (else (x - x')^2
+    overflows to inf). With spread, each varying column's spread (its median distance,
+    _column_spread) within 1e-50 to 1e50, so that the start and bounds of ML-II, which follow
+    it (log w_m = -2 log r_m, bounds +-20 about it), stay inside the +-300 that log_hyp allows
+    (exp(600) is near float64's end). Raises a ValueError naming X otherwise."""
+    big = np.abs(X) >= _X_ENTRY_LIMIT
+    if np.any(big):
+        i, j = np.argwhere(big)[0]
+        raise ValueError(f"{where}: X holds {X[i, j]:.4g} at row {i}, column {j}: entries beyond +-1e150 "
+                         "overflow the squared distances of the covariance (float64 ends at 1.8e308); "
+                         "rescale X, e.g. with sklearn.preprocessing.StandardScaler")
+    if not spread:
+        return
+    r = _column_spread(X)
+    out = (r > 0) & ((r < 1.0 / _X_SPREAD_LIMIT) | (r > _X_SPREAD_LIMIT))
+    if np.any(out):
+        j = int(np.argmax(out))
+        raise ValueError(f"{where}: X column {j} spreads over {r[j]:.3g} (the median distance between its "
+                         "values), outside 1e-50 to 1e50: the length-scales that fit it lie beyond "
+                         "the range of log_hyp (+-300); rescale X, e.g. with "
+                         "sklearn.preprocessing.StandardScaler")
+
+
+_X_ENTRY_LIMIT = 1e150
+_X_SPREAD_LIMIT = 1e50
+
+
+def _check_hyp_prior(hyp_prior, where):
+    """hyp_prior: None, or (mean, sd) of the Gaussian prior on each log-hyperparameter, two
+    finite numbers with sd > 0. Returns (mean, sd) as floats, or None."""
+    if hyp_prior is None:
+        return None
+    ok = (isinstance(hyp_prior, (tuple, list, np.ndarray)) and len(hyp_prior) == 2
+          and all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+                  for v in hyp_prior))
+    if not ok or not all(math.isfinite(v) for v in hyp_prior) or not hyp_prior[1] > 0:
+        raise ValueError(f"{where}: hyp_prior must be (mean, sd), two finite numbers with sd > 0 (the "
+                         f"Gaussian prior on each log-hyperparameter, e.g. (-3, 3)), got {_brief(hyp_prior)}")
+    return float(hyp_prior[0]), float(hyp_prior[1])
 
 
 # gpclab.GPClassifier is this class with scikit-learn's ClassifierMixin and BaseEstimator as bases,
@@ -4082,9 +4192,11 @@ class GPClassifier:
                                  f"{' or '.join(map(repr, allowed))}, got likelihood={self.likelihood!r}")
         if not isinstance(self.n_restarts, (int, np.integer)) or isinstance(self.n_restarts, bool) \
                 or self.n_restarts < 0:
-            raise ValueError(f"GPClassifier: n_restarts must be a non-negative integer, got {self.n_restarts!r}")
-        if self.hyp_prior is not None and (len(self.hyp_prior) != 2 or not self.hyp_prior[1] > 0):
-            raise ValueError(f"GPClassifier: hyp_prior must be (mean, sd) with sd > 0, got {self.hyp_prior!r}")
+            raise ValueError(f"GPClassifier: n_restarts must be a non-negative integer, got {_brief(self.n_restarts)}")
+        _check_hyp_prior(self.hyp_prior, "GPClassifier")
+        ctx = _Context("GPClassifier")
+        for name in ("optimize", "shared_hyp", "learn_eps"):     # no truthy strings: 'no' is not False
+            _flag(getattr(self, name), name, ctx)
         if self.method == "emep" and self.kernel in ("se", "ard"):
             raise ValueError(f"GPClassifier: method 'emep' needs kernel 'kg' or 'kg_iso' (K&G's covariance, "
                              f"the default), got kernel={self.kernel!r}: EM-EP's bound (K&G 29) needs C^-1 "
@@ -4097,9 +4209,9 @@ class GPClassifier:
                              "without a prior")
         if not isinstance(self.n_samples, (int, np.integer)) or isinstance(self.n_samples, bool) \
                 or self.n_samples < 1:
-            raise ValueError(f"GPClassifier: n_samples must be a positive integer, got {self.n_samples!r}")
+            raise ValueError(f"GPClassifier: n_samples must be a positive integer, got {_brief(self.n_samples)}")
         if not (isinstance(self.eps, (int, float, np.floating)) and 0.0 <= self.eps < 0.5):
-            raise ValueError(f"GPClassifier: eps must be a number in [0, 0.5), got {self.eps!r}")
+            raise ValueError(f"GPClassifier: eps must be a number in [0, 0.5), got {_brief(self.eps)}")
         if self.eps != 0.0 and self.likelihood not in ("step", None):
             raise ValueError(f"GPClassifier: eps is the labelling noise of likelihood 'step', got "
                              f"likelihood={self.likelihood!r} with eps={self.eps}")
@@ -4115,7 +4227,7 @@ class GPClassifier:
         if not (rs is None or isinstance(rs, (np.random.RandomState, np.random.Generator))):
             if isinstance(rs, (bool, np.bool_)) or not isinstance(rs, (int, np.integer)):
                 raise TypeError(f"GPClassifier: random_state must be None, an int, a "
-                                f"numpy.random.RandomState or a numpy.random.Generator, got {rs!r}")
+                                f"numpy.random.RandomState or a numpy.random.Generator, got {_brief(rs)}")
             _SCALARS["seed"](rs, "random_state", ctx)
 
     def _random(self):
@@ -4144,6 +4256,13 @@ class GPClassifier:
                               "not sort together; give labels of one type (e.g. all str or all int), "
                               "without None")
 
+        if y.dtype.kind == "S" or (y.dtype == object and len(y) and all(isinstance(v, bytes) for v in y)):
+            # bytes labels (b"yes", b"no"), as scikit-learn accepts them: classes_ of dtype bytes
+            classes, idx = np.unique(np.array(list(y), dtype=bytes), return_inverse=True)
+            if classes.shape[0] < 2:
+                raise ValueError(f"GPClassifier.fit: y has 1 class ({_brief(classes.tolist()[0])}) in {len(y)} "
+                                 "sample(s); a classifier needs at least two classes")
+            return classes, idx
         if y.dtype == object:
             kinds = {str if isinstance(v, str) else int if isinstance(v, (int, np.integer)) else type(v)
                      for v in y}
@@ -4163,8 +4282,12 @@ class GPClassifier:
         """Fit the hyperparameters (if optimize) and the approximate posterior.
 
         X : array-like (n, d) of numbers (a DataFrame's column names are kept
-        and checked at prediction); y : n labels of any one type, two or more
-        classes. A second fit starts from a clean state.
+        and checked at prediction), in any unit per input, with entries below
+        1e150 in size and, when optimize, each input spread over 1e-50 to 1e50
+        (its median distance; beyond, the length-scales that fit it leave the
+        +-300 of log_hyp): a ValueError names X otherwise. y : n labels of any
+        one type (str, int, bytes, ...), two or more classes. A second fit
+        starts from a clean state.
         """
         with _blas_threads_for([X]):     # ML-II's own numpy between gpclab's calls too
             return self._fit(X, y)
@@ -4175,8 +4298,10 @@ class GPClassifier:
         for key in [k for k in vars(self) if k.endswith("_") and not k.startswith("_")]:
             delattr(self, key)                                # refit from a clean state
         self._check_params()
+        _check_frame(X, "GPClassifier.fit")
         X, y = _named_errors("GPClassifier.fit", validate_data, self, X, y, dtype=np.float64, order="C",
                              copy=True)                   # the model owns X
+        _check_X_range(X, "GPClassifier.fit", spread=bool(self.optimize))
         self.classes_, idx = self._labels(y)
         C = self.classes_.shape[0]
         d = X.shape[1]
@@ -4322,7 +4447,7 @@ class GPClassifier:
         if b is None or b.shape != (p, 2):
             raise ValueError(f"GPClassifier.fit: bounds must have shape ({p}, 2), one (low, high) pair per "
                              f"log-hyperparameter of kernel {kernel!r} on {d} inputs, got "
-                             f"{'shape ' + str(b.shape) if b is not None else repr(self.bounds)}")
+                             f"{'shape ' + str(b.shape) if b is not None else _brief(self.bounds)}")
         if np.any(np.isnan(b)) or np.any(b[:, 0] > b[:, 1]):
             i = int(np.argmax(np.isnan(b).any(axis=1) | (b[:, 0] > b[:, 1])))
             raise ValueError(f"GPClassifier.fit: bounds must be (low, high) pairs with low <= high, got "
@@ -4344,6 +4469,7 @@ class GPClassifier:
         from sklearn.utils.validation import validate_data
 
         self._check_fitted()
+        _check_frame(X, where)
         X = _named_errors(where, validate_data, self, X, reset=False, dtype=np.float64, order="C")
         return X if X.flags.writeable else X.copy()
 
@@ -4782,8 +4908,8 @@ def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", met
     executor: a concurrent.futures-style executor (anything with
     submit(fn, *args) returning a future with .result()), e.g.
     ProcessPoolExecutor(mp_context=multiprocessing.get_context("spawn"))
-    (spawn: a forked worker inherits numba's OpenMP threads, which GNU
-    OpenMP does not survive once ais has run) or, on a cluster,
+    (a fork pool works too: a worker forked after numba's threads started
+    runs them serially) or, on a cluster,
     dask.distributed's Client(...).get_executor(). Each row of the grid is
     one task (the warm starts run along a row, from its first column, in
     the serial run too), so the result is identical to executor=None.
@@ -4871,16 +4997,10 @@ def _run_tasks(fn, tasks, executor, progress, desc):
 _SPAWN_POOL = 'ProcessPoolExecutor(mp_context=multiprocessing.get_context("spawn"))'
 
 
-def _check_executor(executor, where, parallel=False):
-    """A concurrent.futures-style executor, or an error that says what to pass.
-
-    parallel: the tasks call numba's parallel code (ais). A worker forked from a
-    process whose OpenMP threads have started (numba's 'omp' layer, GNU OpenMP on
-    Linux, after any ais call) dies when it runs parallel code ("fork() called from a
-    process already using GNU OpenMP") and the pool breaks or hangs: refused, with
-    the two ways out. numba's 'tbb' layer is fork-safe (measured: the forked pool gives the
-    serial answer).
-    """
+def _check_executor(executor, where):
+    """A concurrent.futures-style executor, or an error that says what to pass. A fork pool is
+    fine, also after numba's threads have started here: its workers run numba's parallel code
+    serially (_after_fork_in_child in Part III)."""
     if executor is None:
         return None
     if isinstance(executor, type):
@@ -4890,35 +5010,7 @@ def _check_executor(executor, where, parallel=False):
         raise ValueError(f"{where}: executor must have a submit(fn, *args) method (a "
                          f"concurrent.futures.Executor such as {_SPAWN_POOL}, or dask's "
                          f"Client(...).get_executor()), got {type(executor).__name__}")
-    if parallel and _forks(executor) and _openmp_started():
-        raise RuntimeError(
-            f"{where}: executor starts its workers by fork, and this process has started numba's "
-            "OpenMP threads (an ais call): GNU OpenMP kills a forked worker that runs ais, and the "
-            f"pool breaks. Use a spawn context, {_SPAWN_POOL}, or numba's fork-safe TBB threading "
-            "layer (pip install tbb, libtbb.so.12 on the library path, NUMBA_THREADING_LAYER=tbb)")
     return executor
-
-
-def _forks(executor):
-    """True if executor is a ProcessPoolExecutor whose workers start by fork."""
-    from concurrent.futures import ProcessPoolExecutor
-
-    ctx = getattr(executor, "_mp_context", None)
-    return (isinstance(executor, ProcessPoolExecutor) and ctx is not None
-            and ctx.get_start_method() == "fork")
-
-
-def _openmp_started():
-    """True if numba's threads run on OpenMP in this process (GNU OpenMP on Linux: not fork-safe)."""
-    import sys
-
-    import numba
-
-    try:
-        layer = numba.threading_layer()           # ValueError until the threads have started
-    except ValueError:
-        return False
-    return layer == "omp" and sys.platform.startswith("linux")
 
 
 def _one_blas_thread(fn, args):
@@ -5114,13 +5206,13 @@ def ais_grid(X, y, log_ell, log_sf, likelihood="probit", T=8000, R=3, step="auto
     executor: a concurrent.futures-style executor, as in evidence_grid:
     ProcessPoolExecutor(mp_context=multiprocessing.get_context("spawn")), or
     dask.distributed's Client(...).get_executor() on a cluster. A fork pool
-    is refused once this process has started numba's OpenMP threads (any
-    ais call): GNU OpenMP kills a forked worker that runs ais. Each grid point is one task, run with one numba thread
+    works too: a worker forked after this process started numba's threads
+    (any ais call) runs ais serially. Each grid point is one task, run with one numba thread
     (ais's runs then go one after the other in each worker instead of in
     threads); the result is identical to executor=None. Grid point (i, j)
     is seeded with seed + 1000 (i len(log_ell) + j).
     """
-    _check_executor(executor, "ais_grid", parallel=True)
+    _check_executor(executor, "ais_grid")
     y_pm, _ = binary_labels(y, "y", "ais_grid")
     if y_pm.shape[0] != X.shape[0]:
         raise ValueError(f"ais_grid: X and y must have the same number of samples, got {X.shape[0]} and {y_pm.shape[0]}")
@@ -5157,7 +5249,8 @@ def _ais_grid_point(X, y_pm, likelihood, T, R, step, n_leapfrog, log_ell_j, log_
     h = np.array([log_ell_j, log_sf_i])
     K = kernel_matrix("se", X, X, h)
     eps, nl = (None, None) if isinstance(step, str) and step == "auto" else (step, n_leapfrog)
-    lz, _, se, acc, ess = ais(K, y_pm, likelihood, T, R, eps, nl, seed)
+    # unchecked: ais_grid checked these, and warns once for all points whose acceptance is off
+    lz, _, se, acc, ess = ais.unchecked(K, y_pm, likelihood, T, R, eps, nl, seed)
     return lz, se, acc, ess
 
 
@@ -5273,10 +5366,10 @@ def _data_file(path, where, what):
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise ValueError(f"{where}: path {path!r} does not exist: path must be a readable {what} file") from None
-    except OSError as e:
-        raise ValueError(f"{where}: path {path!r} cannot be read: path must be a readable {what} "
-                         f"file ({e})") from None
+        raise ValueError(f"{where}: path {_brief(path)} does not exist: path must be a readable {what} file") from None
+    except (OSError, ValueError) as e:                  # ValueError: a null byte in the path
+        raise ValueError(f"{where}: path {_brief(path)} cannot be read: path must be a readable {what} "
+                         f"file ({getattr(e, 'strerror', None) or e})") from None
     if not stat.S_ISREG(st.st_mode):
         kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
                 else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a file")
@@ -5330,6 +5423,11 @@ def load_usps(path, digits=None):
         if Y.ndim != 2 or Y.shape[0] != 10 or Y.shape[1] != X.shape[0] or np.any((Y != 1).sum(axis=0) != 9):
             raise ValueError(f"load_usps: {part}_labels must be 10 x n with one +1 per column "
                              f"(-1 elsewhere), n = {X.shape[0]}; got shape {Y.shape}")
+        bad = ~((Y == 1) | (Y == -1))                     # NaN, inf, 0.5: not a label
+        if np.any(bad):
+            i, j = np.argwhere(bad)[0]
+            raise ValueError(f"load_usps: {part}_labels must hold only +1 and -1 (one +1 per column), got "
+                             f"{Y[i, j]} at row {i}, column {j}")
         y = np.argmax(Y, axis=0)
         if keep is not None:
             sel = np.isin(y, keep)
@@ -5387,7 +5485,11 @@ def load_ionosphere(path):
             got = (f"{bad[0]!r}, which is not a number" if bad else
                    f"{len(parts) - 1} numbers and {parts[-1]!r}")
             raise ValueError(f"{where}: expected 34 numbers and a label g or b, got {got}")
-        rows.append([float(v) for v in parts[:-1]])
+        row = [float(v) for v in parts[:-1]]
+        if not all(math.isfinite(v) for v in row):     # 1e400 is a decimal number, and inf as a float
+            v = next(p for p, f in zip(parts[:-1], row) if not math.isfinite(f))
+            raise ValueError(f"{where}: values must be finite, got {v!r}, beyond float64's range (1.8e308)")
+        rows.append(row)
         labels.append(parts[-1])
     if not rows:
         raise ValueError(f"load_ionosphere: path {path!r} holds no data lines")
@@ -6177,8 +6279,28 @@ class _Context:
         self.args = {}
 
 
+_MESSAGE_CHARS = 2000                  # an error message quotes at most this much of what it was given
+
+
+def _brief(value, limit=200):
+    """repr(value), at most about `limit` characters: what an error message quotes of an argument
+    (a million-character name or list would otherwise make a million-character message)."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit // 2]}...{text[-limit // 4:]} ({len(text):,} characters)"
+
+
+def _bounded(message, limit=_MESSAGE_CHARS):
+    """message, cut in the middle if longer than limit characters."""
+    if len(message) <= limit:
+        return message
+    return f"{message[:limit // 2]} [... {len(message) - limit:,} characters left out ...] {message[-limit // 2:]}"
+
+
 def _fail(exc, ctx, name, message):
-    raise exc(f"{ctx.where}: {name} {message}" if ctx.where else f"{name} {message}")
+    name = name if len(name) <= 200 else _brief(name)
+    raise exc(_bounded(f"{ctx.where}: {name} {message}" if ctx.where else f"{name} {message}"))
 
 
 def _scalar_number(value, name, ctx, integer):
@@ -6208,7 +6330,7 @@ def _scalar(test, what, integer=False, allow_inf=False):
         if not integer and allow_inf and math.isnan(v):
             _fail(ValueError, ctx, name, "must not be NaN")
         if not test(v):
-            _fail(ValueError, ctx, name, f"must be {what}, got {value!r}")
+            _fail(ValueError, ctx, name, f"must be {what}, got {_brief(value)}")
         return v
     return check
 
@@ -6234,10 +6356,11 @@ def _choice(choices):
             _fail(TypeError, ctx, name, f"must be a name, one of {', '.join(map(repr, choices))}; "
                                         f"got {type(value).__name__}")
         if value not in choices:
-            close = difflib.get_close_matches(value.lower(), choices, n=1, cutoff=0.5)
+            close = (difflib.get_close_matches(value.lower(), choices, n=1, cutoff=0.5)
+                     if len(value) < 100 else [])
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             _fail(ValueError, ctx, name, f"must be one of {', '.join(map(repr, choices))}, "
-                                         f"got {value!r}{hint}")
+                                         f"got {_brief(value)}{hint}")
         return value
     return check
 
@@ -6493,7 +6616,8 @@ def _data_matrix(value, name, ctx):
 
 def _flag(value, name, ctx):
     if not isinstance(value, (bool, np.bool_)):
-        _fail(TypeError, ctx, name, f"must be True or False, got {value!r}")
+        _fail(TypeError, ctx, name, f"must be True or False, got {_brief(value)}"
+                                    + (" (a string is not a flag)" if isinstance(value, str) else ""))
     return bool(value)
 
 
@@ -6775,7 +6899,10 @@ class PublicFunction:
         functools.update_wrapper(self, self.py_func)
 
     def __call__(self, *args, **kwargs):
-        bound = self.signature.bind(*args, **kwargs)
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e:                          # too many, missing or unknown arguments
+            raise TypeError(_bounded(f"{self.__name__}: {e}", 500)) from None
         bound.apply_defaults()
         ctx = _Context(self.__name__)
         ctx.args = dict(bound.arguments)
@@ -6785,9 +6912,12 @@ class PublicFunction:
         if self.__name__ in _ALLOCATES:
             _check_allocation(_ALLOCATES[self.__name__], ctx)
         try:
-            return self._run(bound)
+            out = self._run(bound)
         except np.linalg.LinAlgError as e:
             raise self._factorisation_failed(bound.arguments, e) from None
+        if self.__name__ in _AFTER:                          # warnings about the result (checked calls only)
+            globals()[_AFTER[self.__name__]](out)
+        return out
 
     def _factorisation_failed(self, arguments, e):
         """A Cholesky factorisation failed inside the body: the message of _factorisation_failed."""
@@ -6877,10 +7007,64 @@ def _public_by_name(name):
 def _start_threads():
     """Start numba's worker threads. numba does it when a parallel function is called from
     Python, or loaded from the cache; a cached function that calls a parallel one from numba
-    code (ais calls _ais_temperatures) must do it itself, or the parallel loop crashes."""
+    code (ais calls _ais_temperatures) must do it itself, or the parallel loop crashes.
+
+    In a process forked after its parent started numba's threads (_after_fork_in_child), the
+    calling thread gets one numba thread, so that ais runs its runs one after the other in it
+    (_ais_block): same numbers, and the child never enters the threading layer that the fork
+    broke."""
     if not config.DISABLE_JIT:
-        from numba import get_num_threads
-        get_num_threads()
+        from numba import get_num_threads, set_num_threads
+        if get_num_threads() != 1 and _FORKED_AFTER_THREADS:
+            set_num_threads(1)
+
+
+# A fork copies only the forking thread: numba's worker threads do not exist in the child, and
+# its threading layers are not fork-safe except TBB's. GNU OpenMP (numba's 'omp' layer on Linux)
+# ends a forked child that enters a parallel loop ("Terminating: fork() called from a process
+# already using GNU OpenMP, this is unsafe.") and the user's multiprocessing.Pool then waits
+# for ever for the task it had; the 'workqueue' layer's queues belong to threads that are gone.
+# A child forked after the threads started therefore runs numba's parallel code serially.
+_FORKED_AFTER_THREADS = False
+
+
+def _numba_threads():
+    """numba's number of threads for the calling thread (numba.get_num_threads), also from numba
+    code, where numba's own get_num_threads calls through a ctypes pointer and cannot be cached."""
+    if config.DISABLE_JIT:
+        return 1
+    return numba.get_num_threads()
+
+
+if not config.DISABLE_JIT:
+    from numba.extending import overload as _overload
+    from numba.np.ufunc.parallel import _iget_num_threads
+
+    @_overload(_numba_threads)
+    def _numba_threads_in_numba():
+        return lambda: _iget_num_threads()
+
+
+def _threads_started():
+    """The name of numba's threading layer if its threads have started in this process, else None."""
+    if config.DISABLE_JIT:
+        return None
+    try:
+        return numba.threading_layer()            # ValueError until the threads have started
+    except ValueError:
+        return None
+
+
+def _after_fork_in_child():
+    global _FORKED_AFTER_THREADS
+    layer = _threads_started()
+    if layer is not None and layer != "tbb":
+        _FORKED_AFTER_THREADS = True
+        numba.set_num_threads(1)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # BLAS dtrsm and dsyrk, LAPACK dpotri and dpotrf, called from numba through scipy's Cython
@@ -6903,6 +7087,23 @@ _dpotrf = _c_function("gpclab_dpotrf", get_cython_function_address("scipy.linalg
 
 # public functions that run a parallel numba loop from numba code start numba's threads first
 _PREPARE = {"ais": "_start_threads"}
+# public functions whose checked calls warn about what they return (ais_grid and others call
+# them unchecked and warn once for all their points)
+_AFTER = {"ais": "_warn_ais"}
+
+_AIS_MEANINGLESS = 0.1
+
+
+def _warn_ais(out):
+    """ais: warn when the HMC transitions hardly ever move (acceptance below 0.1): the chains then
+    stay at their draws from the prior, log Z is an importance-sampling estimate from the prior
+    whose weights one draw dominates, and se, computed from the same few weights, cannot show it."""
+    acceptance = out[3]
+    if acceptance < _AIS_MEANINGLESS:
+        warnings.warn(f"ais: HMC acceptance {acceptance:.3g} is below {_AIS_MEANINGLESS}: the chains hardly "
+                      "move, so log_Z is an estimate from the prior's draws alone, with an error that se "
+                      "cannot show; use a smaller step (step=None, the default, follows K)",
+                      RuntimeWarning, stacklevel=3)
 
 
 def _assemble_one(fn):

@@ -216,7 +216,7 @@ def test_interrupt_ends_the_call_and_the_process_lives(driver, name):
         time.sleep(0.5)                                     # well inside the long call
         sent = time.perf_counter()
         proc.send_signal(signal.SIGINT)
-        assert lines.get(timeout=60) == "INTERRUPTED"
+        assert lines.get(timeout=300) == "INTERRUPTED"     # a bound on a hang: the latency is printed
         latency = time.perf_counter() - sent
         assert lines.get(timeout=600) == "NEXT ok"
         assert proc.poll() is None
@@ -234,7 +234,7 @@ def test_interrupt_in_a_jupyter_kernel():
     kc = km.client()
     kc.start_channels()
     try:
-        kc.wait_for_ready(timeout=120)
+        kc.wait_for_ready(timeout=600)                # a kernel's start on a loaded machine: minutes
 
         def run(code, interrupt_after=None, timeout=900):
             msg_id = kc.execute(code)
@@ -247,7 +247,7 @@ def test_interrupt_in_a_jupyter_kernel():
                             and msg["content"]["execution_state"] == "busy")
                 time.sleep(interrupt_after)
                 km.interrupt_kernel()
-                timeout = 60
+                timeout = 300                           # a bound on a hang, not a speed test (load 5 on 2 cores)
             while True:
                 reply = kc.get_shell_msg(timeout=timeout)
                 if reply["parent_header"].get("msg_id") == msg_id:

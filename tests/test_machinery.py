@@ -39,6 +39,9 @@ INTERNALS = [
     ("numba.extending", "get_cython_function_address", "BLAS/LAPACK and CPython C functions"),
     ("numba.core.types", "ExternalFunction", "C functions called from numba code"),
     ("numba.misc.appdirs", "AppDirs", "the per-user cache folder"),
+    ("numba.np.ufunc.parallel", "_iget_num_threads", "numba's thread count read from numba code, cacheably "
+     "(a process forked after numba's threads started runs ais serially)"),
+    ("numba.extending", "overload", "_numba_threads inside numba code"),
 ]
 
 

@@ -218,8 +218,10 @@ def test_default_bounds_follow_the_spread_of_x():
     r = np.median(pdist(X))
     (lo, hi), _ = gpclab.default_bounds("se", 2, X)
     assert (lo, hi) == pytest.approx((np.log(r) - 10, np.log(r) + 10))
-    w = gpclab.default_bounds("ard", 2, 1e3 * X)[2]
-    assert w == pytest.approx((-20 - 2 * np.log(1e3 * r), 10 - 2 * np.log(1e3 * r)))
+    # ARD: each input's own spread r_m, the median |x_m - x'_m| over pairs; w_m = 1 / (d r_m^2) at the centre
+    for m, (lo, hi) in enumerate(gpclab.default_bounds("ard", 2, 1e3 * X)[2:]):
+        r_m = np.median([abs(1e3 * (a - b)) for i, a in enumerate(X[:, m]) for b in X[i + 1:, m]])
+        assert (lo, hi) == pytest.approx((-20 - np.log(2 * r_m ** 2), 10 - np.log(2 * r_m ** 2)))
     assert gpclab.default_bounds("se", 2) == [(-10.0, 10.0), (-10.0, 0.5 * np.log(1e5))]
 
 

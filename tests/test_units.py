@@ -1,0 +1,87 @@
+"""Raw data fit like scaled data: each input in its own unit.
+
+Scaling input m by c_m and the test inputs with it is the same problem in other units: a fit that
+follows each input's own spread (the start and bounds of ML-II for 'ard' and 'kg', EM-EP's start
+and bounds) gives the same predictions. scikit-learn's GaussianProcessClassifier with an ARD RBF
+kernel is the reference behaviour (its predictions moved by 1.5e-5 under (100, 0.01, 1), where
+gpclab's, with one median distance for all inputs, moved by up to 0.83). benchmarks/bench_units.py
+prints the table of both.
+"""
+import numpy as np
+import pytest
+
+import gpclab
+
+SCALES = [(100.0, 0.01, 1.0), (1e6, 1e-6, 1.0), (1e-3, 1.0, 1e4)]
+METHODS = {"laplace": dict(method="laplace", kernel="ard"),
+           "ep": dict(method="ep", kernel="ard"),
+           "emep": dict(method="emep")}                   # K&G's 'kg', an inverse length-scale per input
+
+
+def problem(seed=0, n=60):
+    """Three inputs: the class from the first two (a curved boundary), the third irrelevant."""
+    r = np.random.default_rng(seed)
+    X = r.standard_normal((n, 3))
+    y = np.where(X[:, 0] + 0.5 * X[:, 1] ** 2 - 0.5 + 0.3 * r.standard_normal(n) > 0, 1, 0)
+    Xt = r.standard_normal((40, 3))
+    return X, y, Xt
+
+
+_FITS = {}
+
+
+def fit(method, scale):
+    key = (method, scale)
+    if key not in _FITS:
+        X, y, Xt = problem()
+        c = np.asarray(scale)
+        m = gpclab.GPClassifier(**METHODS[method]).fit(X * c, y)
+        _FITS[key] = (m.predict_proba(Xt * c)[:, 1], m.log_marginal_likelihood_, m.log_hyp_)
+    return _FITS[key]
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("method", list(METHODS))
+def test_predictions_do_not_depend_on_the_unit_of_each_input(method, scale):
+    p0, v0, h0 = fit(method, (1.0, 1.0, 1.0))
+    p, v, h = fit(method, scale)
+    assert np.max(np.abs(p - p0)) < 1e-3
+    assert abs(v - v0) < 1e-3 * max(1.0, abs(v0))
+    # the inverse squared length-scales move by exactly the units: log w_m + 2 log c_m is the same
+    first = 2 if method != "emep" else 3
+    np.testing.assert_allclose(h[first:] + 2 * np.log(scale), h0[first:], atol=0.05)
+
+
+@pytest.mark.parametrize("scale", SCALES[:2])
+def test_scikit_learn_reference_moves_as_little(scale):
+    """The reference behaviour: scikit-learn's ARD GPC under the same rescaling (its length-scale
+    bounds widened to cover the units: its default bounds (1e-5, 1e5) are in absolute units)."""
+    from sklearn.gaussian_process import GaussianProcessClassifier
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel
+
+    X, y, Xt = problem()
+
+    def sk(c):
+        c = np.asarray(c)
+        kernel = ConstantKernel(1.0, (1e-5, 1e5)) * RBF(c.copy(), (1e-12, 1e12))
+        return GaussianProcessClassifier(kernel, random_state=0).fit(X * c, y).predict_proba(Xt * c)[:, 1]
+
+    moved_sk = np.max(np.abs(sk(scale) - sk((1.0, 1.0, 1.0))))
+    moved = np.max(np.abs(fit("laplace", scale)[0] - fit("laplace", (1.0, 1.0, 1.0))[0]))
+    assert moved_sk < 1e-3 and moved < 1e-3
+
+
+def test_start_and_bounds_follow_each_input():
+    X, y, _ = problem()
+    c = np.array([100.0, 0.01, 1.0])
+    for kernel, first in (("ard", 2), ("kg", 3)):
+        h0, h = gpclab.data_log_hyp(kernel, X, y), gpclab.data_log_hyp(kernel, X * c, y)
+        np.testing.assert_allclose(h[first:], h0[first:] - 2 * np.log(c), atol=1e-12)
+        np.testing.assert_allclose(h[:first], h0[:first])
+        b0 = np.array(gpclab.default_bounds(kernel, 3, X))
+        b = np.array(gpclab.default_bounds(kernel, 3, X * c))
+        np.testing.assert_allclose(b[first:], b0[first:] - 2 * np.log(c)[:, None], atol=1e-12)
+    # the spread of one input is the median distance between its values, whatever the others
+    x = np.array([0.0, 1.0, 3.0, 7.0])
+    Z = np.column_stack([x, 1e6 * x, np.ones(4)])
+    np.testing.assert_allclose(gpclab._column_spread(Z), [3.5, 3.5e6, 0.0])
