@@ -812,6 +812,8 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
     n^3/6 per step (line 5). Departures: line 2 (warm start), line 8 (step
     halving), lines 9-10 after 4-5. Used in: lectures/sec3_04_binary_laplace.ipynb.
     """
+    if a_init is None:                                       # (the face passes zeros; py_func may get None)
+        a_init = np.zeros(y.shape[0])
     # departs from line 2: starts from a_init (zeros when left out) if that beats f = 0, because
     # the mode at nearby hyperparameters saves most Newton steps during ML-II
     a, f, psi = _warm_start(_objective, a_init, K @ a_init, y, likelihood)  # line 2: f := 0
@@ -1097,6 +1099,8 @@ def laplace_mode_multiclass(K, y, a_init=None, tol=1e-10, max_iter=100):
     Used in: lectures/sec3_05_multiclass_laplace.ipynb.
     """
     C = y.shape[0]
+    if a_init is None:                                        # (the face passes zeros; py_func may get None)
+        a_init = np.zeros(y.shape)
     # departs from line 2 as laplace_mode does: starts from a_init (zeros when left out) if that
     # beats f = 0, because the mode at nearby hyperparameters saves most Newton steps
     a, f, psi = _warm_start(_multiclass_objective, a_init, _per_class(K, a_init), y, "softmax")  # line 2: f := 0
@@ -1747,6 +1751,8 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
     n = y.shape[0]
     noise = 1.0 if likelihood == "probit" else 0.0            # probit: a step site of f + N(0, 1) noise
     tau_max = _ep_tau_max(K)                                  # see the comment above
+    if nu_tilde_init is None:                                 # (the face passes zeros; py_func may get None)
+        nu_tilde_init, tau_tilde_init = np.zeros(n), np.zeros(n)
     # departs from line 2: warm-started from the sites given (zeros are the box's start)
     nu_tilde, tau_tilde, Sigma, mu = _ep_init(K, nu_tilde_init, tau_tilde_init)  # line 2: nu~ := 0, tau~ := 0, Sigma := K, mu := 0
     if order == "random":

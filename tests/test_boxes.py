@@ -8,6 +8,7 @@ import io
 import re
 import tokenize
 
+import numpy as np
 import pytest
 
 import gpclab
@@ -113,3 +114,46 @@ def test_show_box_puts_each_labelled_code_line_beside_its_box_line():
     assert html.startswith("<table>") and "V[f∗]" in html
     with pytest.raises(ValueError, match="show_box: no box '3.9'"):
         gpclab.show_box("3.9")
+
+
+def _py_func_calls():
+    """Each box function with the arguments a student would pass, with and without the optional ones."""
+    from test_transcriptions import binary_problem, multiclass_problem
+
+    X, y, K, K_star, kss = binary_problem(1, 12)
+    Y, K3, K3_star, kss3 = multiclass_problem(2, 9)
+    mode = gpclab.laplace_mode(K, y, "logistic")
+    mode3 = gpclab.laplace_mode_multiclass(K3, Y)
+    sites = gpclab.ep(K, y)
+    return [
+        ("laplace_mode", (K, y, "logistic"), {}),
+        ("laplace_mode", (K, y, "probit"), {"a_init": 0.5 * mode.a, "max_iter": 2}),
+        ("laplace_predict", (mode.f_hat, K, y, "logistic", K_star, kss), {}),
+        ("laplace_predict", (mode.f_hat, K, y, "logistic", K_star, kss), {"L": mode.L, "rule": "mackay"}),
+        ("laplace_mode_multiclass", (K3, Y), {}),
+        ("laplace_mode_multiclass", (K3, Y), {"a_init": 0.5 * mode3.a}),
+        ("laplace_predict_multiclass", (K3, Y, mode3.f_hat, K3_star, kss3), {"S": 100}),
+        ("laplace_predict_multiclass", (K3, Y, mode3.f_hat, K3_star, kss3), {"S": 100, "E": mode3.E, "M": mode3.M}),
+        ("ep", (K, y), {}),
+        ("ep", (K, y, 0.5 * sites.nu_tilde, 0.5 * sites.tau_tilde), {"max_sweeps": 2}),
+        ("ep", (K + 0.5 * np.eye(12), y), {"likelihood": "step", "eps": 0.1}),
+        ("ep_predict", (sites.nu_tilde, sites.tau_tilde, K, K_star, kss), {}),
+        ("ep_predict", (sites.nu_tilde, sites.tau_tilde, K, K_star, kss), {"L": sites.L}),
+        ("ais", (K, y, "probit"), {"T": 64, "R": 2}),
+        ("ais", (K, y, "logistic"), {"T": 40, "R": 2, "step": 0.3, "n_leapfrog": 4, "seed": 3}),
+    ]
+
+
+def test_every_box_function_py_func_runs_and_gives_the_compiled_result():
+    """fn.py_func (the plain Python body, to step through in a debugger) takes the same arguments
+    as fn, optional ones left out or given, and returns the same numbers."""
+    calls = _py_func_calls()
+    assert {name for name, _, _ in calls} == {box["function"] for box in gpclab.BOXES.values()}
+    for name, args, kwargs in calls:
+        fn = getattr(gpclab, name)
+        compiled = fn(*args, **kwargs)
+        plain = fn.py_func(*args, **kwargs)
+        assert len(plain) == len(compiled), name
+        for x, z in zip(compiled, plain):
+            np.testing.assert_allclose(np.asarray(z, float), np.asarray(x, float), rtol=1e-12, atol=1e-12,
+                                       err_msg=f"{name}.py_func{kwargs}")
