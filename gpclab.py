@@ -3290,9 +3290,10 @@ BOXES = {
             15: {"printed": "objective: −½ a^T f + y^T f + ∑_i log(∑_c exp(f_c^i))",
                  "right": "objective: −½ a^T f + y^T f − ∑_i log(∑_c exp(f_c^i))",
                  "why": "log p(y|f) = y^T f − ∑_i log ∑_c exp f_c^i (3.35); with + the objective "
-                        "grows without bound in f",
-                 "checked": "tests/test_transcriptions.py: with the minus sign the transcribed box "
-                            "converges to the mode of (3.35)"},
+                        "grows without bound in f, and lines 11-14 do not find its maximum",
+                 "checked": "tests/test_transcriptions.py: where the transcribed box converges, the "
+                            "gradient of the corrected objective, −a + y − π, is 0 to 1e-10; that of "
+                            "the printed one is 2π"},
             16: {"printed": "log q := −½ a^T f + y^T f + ∑_i log(∑_c exp(f_c^i)) − ∑_c z_c",
                  "right": "log q := −½ a^T f + y^T f − ∑_i log(∑_c exp(f_c^i)) − ∑_c z_c − ∑_i log M_ii",
                  "why": "the sign as in line 15, and ½ log|I_Cn + W^½ K W^½| = ∑_c z_c + ∑_i log M_ii "

@@ -245,6 +245,9 @@ def test_algorithm_3_3(n, C):
     assert res.converged
     assert max_diff((res.f_hat, f), (res.a, a), (res.log_q, log_q)) < TOL
     assert abs(log_q - log_q_3_44(K, y, f)) < TOL                 # the corrected line 16 is (3.44)
+    # lines 11-14 find where the gradient of the corrected objective, -a + y - pi, is zero;
+    # that of the printed one, -a + y + pi, is 2 pi there
+    assert np.max(np.abs(-a + y - softmax_columns(f, axis=0))) < TOL
     assert abs(printed - log_q) > 1.0                             # the printed one is not
     a_init = algorithm_3_3(K * 1.3, y)[2]
     f_w, log_q_w, _, _ = algorithm_3_3(K, y, a_init=a_init)
