@@ -10,14 +10,14 @@ and the code's departures from the box beside the lines they concern.
 
 Contents: each box, its function, and the line of the function's ``def`` in this
 file (tests/test_boxes.py keeps these numbers true):
-    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 831
-    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 896
-    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1115
-    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1378
-    GPML Algorithm 3.5  expectation propagation           ep                          line 1770
-    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 1849
-    K&R Algorithm 3     annealed importance sampling      ais                         line 2360
-    the boxes as printed, errata, departures              BOXES, show_box             line 3207
+    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 841
+    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 906
+    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1122
+    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1385
+    GPML Algorithm 3.5  expectation propagation           ep                          line 1773
+    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 1852
+    K&R Algorithm 3     annealed importance sampling      ais                         line 2359
+    the boxes as printed, errata, departures              BOXES, show_box             line 3211
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
     GPML 3.3   covariance functions; the likelihoods (3.15, 3.16)
@@ -766,6 +766,16 @@ LaplaceMode = namedtuple(
 
 
 @njit(cache=True)
+def _scale_rows(s, A):
+    """diag(s) A, row i of A times s_i: W^1/2 k(x_*) of Algorithm 3.2's line 5 (s = W^1/2), and
+    S~^1/2 K, S~^1/2 k(x_*) of Algorithms 3.5 and 3.6 (s = S~^1/2). O(n m), as W and S~ are diagonal."""
+    out = np.empty_like(A)
+    for i in range(A.shape[0]):
+        out[i, :] = s[i] * A[i, :]
+    return out
+
+
+@njit(cache=True)
 def _form_B(K, sW):
     """B = I + W^1/2 K W^1/2 (3.26), an O(n^2) step since W is diagonal."""
     n = sW.shape[0]
@@ -925,10 +935,7 @@ def laplace_predict(f_hat, K, y, likelihood, K_star, k_star_star, rule="average"
     if L is None or L.shape[0] == 0:                         # departs from line 3: skipped when L is given
         L = _cholesky(_form_B(K, sW))                        # line 3: L := cholesky(I + W^1/2 K W^1/2)
     f_bar_star = K_star.T @ dlp                              # line 4: f_bar_* := k(x_*)^T grad log p(y|f^)  (3.21)
-    sWK = np.empty_like(K_star)
-    for i in range(K_star.shape[0]):
-        sWK[i, :] = sW[i] * K_star[i, :]
-    v = solve_lower_matrix(L, sWK)                           # line 5: v := L\(W^1/2 k(x_*))  (3.24, 3.29)
+    v = solve_lower_matrix(L, _scale_rows(sW, K_star))      # line 5: v := L\(W^1/2 k(x_*))  (3.24, 3.29)
     V_f_star = k_star_star - (v * v).sum(axis=0)             # line 6: V[f_*] := k(x_*, x_*) - v^T v
     pi_bar_star = averaged_probability(likelihood, f_bar_star, V_f_star, rule)  # line 7: pi_bar_* := int sigma(z) N(z|f_bar_*, V[f_*]) dz  (3.25)
     return pi_bar_star, f_bar_star, V_f_star                 # line 8: return pi_bar_*
@@ -1680,14 +1687,10 @@ def _ep_init(K, nu_tilde_init, tau_tilde_init):
 @njit(cache=True)
 def _ep_posterior(K, tau_tilde, nu_tilde):
     """Sigma, mu and L from the sites (Alg. 3.5 lines 13-15; 3.53, 3.68)."""
-    n = K.shape[0]
     sS = np.sqrt(tau_tilde)                                   # S~^1/2
     L = _cholesky(_form_B(K, sS))                             # 3.5 line 13: L := cholesky(I_n + S~^1/2 K S~^1/2)
-    sSK = np.empty((n, n))
-    for i in range(n):
-        sSK[i, :] = sS[i] * K[i, :]
     # The box prints V := L^T\S~^1/2 K; (3.68) needs L\ (see BOXES["3.5"]["errata"])
-    V = solve_lower_matrix(L, sSK)                            # 3.5 line 14: V := L\(S~^1/2 K)
+    V = solve_lower_matrix(L, _scale_rows(sS, K))             # 3.5 line 14: V := L\(S~^1/2 K)
     Sigma = minus_gram(K, V)                                  # 3.5 line 15: Sigma := K - V^T V  (3.68)
     mu = Sigma @ nu_tilde                                     # 3.5 line 15: mu := Sigma nu~  (3.53)
     return Sigma, mu, L
@@ -1872,23 +1875,19 @@ def ep_predict(nu_tilde, tau_tilde, K, K_star, k_star_star, L=None, likelihood="
     For 'step', line 7 is eps + (1 - 2 eps) Phi(f_bar_* / sqrt(V[f_*])) (K&G 26):
     the latent noise is inside k(x_*, x_*), so no "1 +".
     """
-    n = nu_tilde.shape[0]
     sS = np.sqrt(tau_tilde)
     if L is None or L.shape[0] == 0:                          # no L given (the face passes it empty)
         L = _cholesky(_form_B(K, sS))                         # line 2: L := cholesky(I + S~^1/2 K S~^1/2)
     z = sS * solve_lower_transpose(L, solve_lower(L, sS * (K @ nu_tilde)))  # line 3: z := S~^1/2 L^T\(L\(S~^1/2 K nu~))
     f_bar_star = K_star.T @ (nu_tilde - z)                    # line 4: f_bar_* := k(x_*)^T (nu~ - z)  (3.60, 3.71)
-    sSK = np.empty_like(K_star)
-    for i in range(n):
-        sSK[i, :] = sS[i] * K_star[i, :]
-    v = solve_lower_matrix(L, sSK)                            # line 5: v := L\(S~^1/2 k(x_*))
+    v = solve_lower_matrix(L, _scale_rows(sS, K_star))        # line 5: v := L\(S~^1/2 k(x_*))
     V_f_star = k_star_star - (v * v).sum(axis=0)              # line 6: V[f_*] := k(x_*, x_*) - v^T v  (3.61, 3.72)
     noise = 1.0 if likelihood == "probit" else 0.0
     pi_bar_star = np.empty(f_bar_star.shape[0])
     for j in range(f_bar_star.shape[0]):
-        s = math.sqrt(noise + max(V_f_star[j], 0.0))
-        if s > 0.0:
-            P = std_normal_cdf(f_bar_star[j] / s)             # line 7: pi_bar_* := Phi(f_bar_* / sqrt(1 + V[f_*]))  (3.63; K&G 25)
+        sd = math.sqrt(noise + max(V_f_star[j], 0.0))
+        if sd > 0.0:
+            P = std_normal_cdf(f_bar_star[j] / sd)            # line 7: pi_bar_* := Phi(f_bar_* / sqrt(1 + V[f_*]))  (3.63; K&G 25)
         else:                                                 # no latent noise and V = 0: a step
             P = 1.0 if f_bar_star[j] > 0.0 else 0.0
         pi_bar_star[j] = eps + (1.0 - 2.0 * eps) * P          # (K&G 26)
@@ -2560,6 +2559,13 @@ def truncated_gaussian_mh(C, n_samples, step, seed=0, x0=None, thin=1):
 # (K&G 56), the part of F that depends on the covariance hyperparameters.
 
 
+@njit(cache=True)
+def _F_cov(quad, trace, LK):
+    """F_cov = E_q[log N(f|0, C)] (K&G 56) = -1/2 h^T C^-1 h - 1/2 tr(C^-1 A) - 1/2 log|2 pi C|,
+    from quad = h^T C^-1 h, trace = tr(C^-1 A) and LK = cholesky(C)."""
+    return -0.5 * quad - 0.5 * trace - half_log_det(LK) - 0.5 * LK.shape[0] * math.log(2.0 * math.pi)
+
+
 @public(K="(n, n) psd", y="(n,) pm1 nonempty", eps="eps", mu="(n,)", Sigma="(n, n) psd")
 @njit(cache=True)
 def em_ep_bound(K, y, eps, mu, Sigma):
@@ -2577,8 +2583,7 @@ def em_ep_bound(K, y, eps, mu, Sigma):
     LS = np.linalg.cholesky(Sigma)
     u = solve_lower(LK, mu)
     M = solve_lower_matrix(LK, LS)
-    F_cov = (-0.5 * (u @ u) - 0.5 * (M * M).sum() - half_log_det(LK)
-             - 0.5 * n * math.log(2.0 * math.pi))           # (K&G 56): h^T C^-1 h, tr(C^-1 A), log|2 pi C|
+    F_cov = _F_cov(u @ u, (M * M).sum(), LK)                  # h^T C^-1 h = |LK^-1 h|^2, tr(C^-1 A) = |LK^-1 LS|_F^2
     entropy = half_log_det(LS) + 0.5 * n * (1.0 + math.log(2.0 * math.pi))
     F_eps = 0.0
     for i in range(n):
@@ -2623,8 +2628,7 @@ def _em_ep_weights(K, mu, Sigma):
     tr = 0.0
     for i in range(n):
         tr += KiA[i, i]                                       # tr(C^-1 A)
-    F_cov = (-0.5 * (mu @ alpha) - 0.5 * tr - half_log_det(LK)
-             - 0.5 * n * math.log(2.0 * math.pi))             # (K&G 56)
+    F_cov = _F_cov(mu @ alpha, tr, LK)                        # (K&G 56)
     Q = KiA @ Kinv                                            # C^-1 A C^-1
     for i in range(n):
         for k in range(n):
@@ -2633,8 +2637,8 @@ def _em_ep_weights(K, mu, Sigma):
 
 
 @njit(cache=True, fastmath={"reassoc", "contract"})
-def _half_sum_product(Q, dK):
-    """1/2 sum_ik Q_ik dK_ik."""
+def _half_inner(Q, dK):
+    """1/2 sum_ik Q_ik dK_ik, half the Frobenius inner product of Q and dK."""
     s = 0.0
     for i in range(Q.shape[0]):
         for k in range(Q.shape[1]):
@@ -2643,13 +2647,13 @@ def _half_sum_product(Q, dK):
 
 
 @njit(cache=True)
-def _eq31(Q, X, kernel, log_hyp, C, discrete):
+def _weighted_kernel_grad(Q, X, kernel, log_hyp, C, discrete):
     """dF/d log_hyp_j = 1/2 sum_ik Q_ik dC_ik / d log_hyp_j for each j (K&G 31)."""
     p = log_hyp.shape[0]
     grad = np.empty(p)
     for j in range(p):
         check_interrupt()
-        grad[j] = _half_sum_product(Q, kernel_grad(kernel, X, log_hyp, C, j, discrete))
+        grad[j] = _half_inner(Q, kernel_grad(kernel, X, log_hyp, C, j, discrete))
     return grad
 
 
@@ -2677,7 +2681,7 @@ def em_ep_grad(K, X, kernel, log_hyp, mu, Sigma, discrete=None):
         (K&G 31), the log chain rule inside dC (kernel_grad).
     """
     F_cov, Q = _em_ep_weights(K, mu, Sigma)
-    return F_cov, _eq31(Q, X, kernel, log_hyp, K, discrete)
+    return F_cov, _weighted_kernel_grad(Q, X, kernel, log_hyp, K, discrete)
 
 
 # --- multi-class: the difference latents of K&G section 4.2 -------------------
@@ -2708,7 +2712,7 @@ def difference_index(y):
 
 
 @njit(cache=True)
-def _sign43(y_i, y_k, j, l):
+def _difference_sign(y_i, y_k, j, l):
     """delta(y_i, y_k) - delta(y_i, l) - delta(y_k, j) + delta(j, l), the factor of (K&G 43)."""
     return int(y_i == y_k) - int(y_i == l) - int(y_k == j) + int(j == l)
 
@@ -2730,7 +2734,7 @@ def difference_covariance(C, y):
         for b in range(N):
             k = case[b]
             l = cls[b]
-            Kg[a, b] = _sign43(yc[i], yc[k], j, l) * C[i, k]     # (K&G 43)
+            Kg[a, b] = _difference_sign(yc[i], yc[k], j, l) * C[i, k]     # (K&G 43)
     return Kg
 
 
@@ -2791,7 +2795,7 @@ def _fold_differences(Qg, y):
         for b in range(N):
             k = case[b]
             l = cls[b]
-            Q[i, k] += _sign43(yc[i], yc[k], j, l) * Qg[a, b]
+            Q[i, k] += _difference_sign(yc[i], yc[k], j, l) * Qg[a, b]
     return Q
 
 
@@ -2808,7 +2812,7 @@ def em_ep_grad_multiclass(C, y, X, kernel, log_hyp, mu, Sigma, discrete=None):
     O(n^2) per hyperparameter.
     """
     F_cov, Qg = _em_ep_weights(difference_covariance(C, y), mu, Sigma)
-    return F_cov, _eq31(_fold_differences(Qg, y), X, kernel, log_hyp, C, discrete)
+    return F_cov, _weighted_kernel_grad(_fold_differences(Qg, y), X, kernel, log_hyp, C, discrete)
 
 
 @njit(cache=True)
@@ -3021,7 +3025,7 @@ def ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L=None
             for a in range(N):
                 i = case[a]
                 j = cls[a]
-                g += b[a] * _sign43(yc[i], np.int64(0), j, l) * K_star[i, t]   # (K&G 52), m = 0
+                g += b[a] * _difference_sign(yc[i], np.int64(0), j, l) * K_star[i, t]   # (K&G 52), m = 0
             if g <= 0.0:
                 all_positive = False
             if g < lowest:
