@@ -10,14 +10,14 @@ and the code's departures from the box beside the lines they concern.
 
 Contents: each box, its function, and the line of the function's ``def`` in this
 file (tests/test_boxes.py keeps these numbers true):
-    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 847
-    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 912
-    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1128
-    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1391
-    GPML Algorithm 3.5  expectation propagation           ep                          line 1779
-    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 1858
-    K&R Algorithm 3     annealed importance sampling      ais                         line 2365
-    the boxes as printed, errata, departures              BOXES, show_box             line 3217
+    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 889
+    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 954
+    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1170
+    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1433
+    GPML Algorithm 3.5  expectation propagation           ep                          line 1821
+    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 1900
+    K&R Algorithm 3     annealed importance sampling      ais                         line 2406
+    the boxes as printed, errata, departures              BOXES, show_box             line 3258
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
     GPML 3.3   covariance functions; the likelihoods (3.15, 3.16)
@@ -544,13 +544,55 @@ def probit(y, f):
     return lp, dlp, d2lp, d3lp
 
 
-@public(likelihood="{logistic,probit}", y="(n,) pm1", f="(n,)")
+# The likelihoods by name, in one place: what the algorithms ask of p(y|f) is answered here,
+# and nowhere else does code branch on the name. log_likelihood: log p and its first three
+# derivatives (Laplace, HMC, AIS, the lower bound); _is_logistic: which Gaussian average (3.25)
+# and MAP rule (averaged_probability, mcmc_predict); _w_max: the largest W in the bulk of the
+# posterior (HMC's step size); _ep_noise: EP's site, a step of f plus Gaussian noise of this
+# variance (probit 1, K&G's step likelihood 0). Each refuses a name it does not know, so that a
+# likelihood added to one of them cannot run as another elsewhere; the public specs take the
+# names from _LIKELIHOOD_SPEC and _EP_LIKELIHOOD_SPEC.
+
+_LIKELIHOOD_SPEC = "{logistic,probit}"
+_EP_LIKELIHOOD_SPEC = "{probit,step}"
+
+
+@public(likelihood=_LIKELIHOOD_SPEC, y="(n,) pm1", f="(n,)")
 @njit(cache=True)
 def log_likelihood(likelihood, y, f):
     """Dispatch on the likelihood's name: 'logistic' (3.15) or 'probit' (3.16)."""
     if likelihood == "logistic":
         return logistic(y, f)
-    return probit(y, f)
+    if likelihood == "probit":
+        return probit(y, f)
+    raise ValueError("log_likelihood: likelihood must be 'logistic' or 'probit'")
+
+
+@njit(cache=True)
+def _is_logistic(likelihood):
+    """True for 'logistic', False for 'probit'; any other name is refused."""
+    if likelihood == "logistic":
+        return True
+    if likelihood == "probit":
+        return False
+    raise ValueError("likelihood must be 'logistic' or 'probit'")
+
+
+@njit(cache=True)
+def _w_max(likelihood):
+    """The largest W = -d2 log p(y|f)/df2 in the bulk of the posterior: 1/4 for logistic, 1 for probit."""
+    return 0.25 if _is_logistic(likelihood) else 1.0
+
+
+@njit(cache=True)
+def _ep_noise(likelihood):
+    """EP's site as a step of f plus Gaussian noise of this variance: 1 for 'probit' (Phi(y f) is
+    the probability that f + N(0, 1) has the sign of y), 0 for K&G's 'step'; any other name refused."""
+    if likelihood == "probit":
+        return 1.0
+    if likelihood == "step":
+        return 0.0
+    raise ValueError("likelihood must be 'probit' or 'step'")
 
 
 @njit(cache=True)
@@ -562,7 +604,7 @@ def _gaussian_average(is_logistic, f_bar, V):
     return std_normal_cdf(f_bar / math.sqrt(1.0 + V))
 
 
-@public(likelihood="{logistic,probit}", f_bar_star="(m,)", V_f_star="(m,)",
+@public(likelihood=_LIKELIHOOD_SPEC, f_bar_star="(m,)", V_f_star="(m,)",
         rule="{average,map,mackay}")
 @njit(cache=True)
 def averaged_probability(likelihood, f_bar_star, V_f_star, rule):
@@ -576,7 +618,7 @@ def averaged_probability(likelihood, f_bar_star, V_f_star, rule):
     """
     m = f_bar_star.shape[0]
     p = np.empty(m)
-    is_logistic = likelihood == "logistic"                    # else "probit"
+    is_logistic = _is_logistic(likelihood)
     for i in range(m):
         fb = f_bar_star[i]
         V = max(V_f_star[i], 0.0)
@@ -841,7 +883,7 @@ def _step_search(objective, a, da, f, df, psi, y, likelihood):
     return a, f, psi, 0.0
 
 
-@public(returns=LaplaceMode, K="(n, n) psd", y="(n,) pm1 nonempty", likelihood="{logistic,probit}",
+@public(returns=LaplaceMode, K="(n, n) psd", y="(n,) pm1 nonempty", likelihood=_LIKELIHOOD_SPEC,
         a_init="(n,) ?0", tol="nonneg", max_iter="count")
 @njit(cache=True)
 def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
@@ -906,7 +948,7 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
     return f, log_q, a, sW, L, n_iter, converged             # line 11: return f_hat, log q (LaplaceMode)
 
 
-@public(f_hat="(n,) nonempty", K="(n, n) psd", y="(n,) pm1", likelihood="{logistic,probit}", K_star="(n, m)",
+@public(f_hat="(n,) nonempty", K="(n, n) psd", y="(n,) pm1", likelihood=_LIKELIHOOD_SPEC, K_star="(n, m)",
         k_star_star="(m,)", rule="{average,map,mackay}", L="(n, n) chol ?e")
 @njit(cache=True)
 def laplace_predict(f_hat, K, y, likelihood, K_star, k_star_star, rule="average", L=None):
@@ -948,7 +990,7 @@ def laplace_predict(f_hat, K, y, likelihood, K_star, k_star_star, rule="average"
 
 
 @public(K="(n, n) psd", X="(n, d)", kernel="{se,ard,kg,kg_iso}", log_hyp="(p,) loghyp", y="(n,) pm1 nonempty",
-        likelihood="{logistic,probit}", f_hat="(n,)", a="(n,)", L="(n, n) chol", discrete="(d,) flags ?0")
+        likelihood=_LIKELIHOOD_SPEC, f_hat="(n,)", a="(n,)", L="(n, n) chol", discrete="(d,) flags ?0")
 @njit(cache=True)
 def laplace_log_q_grad(K, X, kernel, log_hyp, y, likelihood, f_hat, a, L, discrete=None):
     """Gradient of the Laplace log q(y|X, theta) (3.32) w.r.t. log_hyp (K&R eqs. 42-47).
@@ -1774,7 +1816,7 @@ def _ep_tau_max(K):
 @public(returns=EPResult, together=(("nu_tilde_init", "tau_tilde_init"),),
         K="(n, n) psd", y="(n,) pm1 nonempty", nu_tilde_init="(n,) ?0",
         tau_tilde_init="(n,) nonneg ?0", tol="nonneg", max_sweeps="count", order="{natural,random}",
-        seed="seed", likelihood="{probit,step}", eps="eps")
+        seed="seed", likelihood=_EP_LIKELIHOOD_SPEC, eps="eps")
 @njit(cache=True)
 def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
        order="natural", seed=0, likelihood="probit", eps=0.0):
@@ -1808,7 +1850,7 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
     L^T\\ (show_box("3.5")). Used in: lectures/sec3_06_ep.ipynb.
     """
     n = y.shape[0]
-    noise = 1.0 if likelihood == "probit" else 0.0            # probit: a step site of f + N(0, 1) noise
+    noise = _ep_noise(likelihood)                             # probit: a step site of f + N(0, 1) noise
     tau_max = _ep_tau_max(K)                                  # see the comment above
     if nu_tilde_init is None:                                 # (the face passes zeros; py_func may get None)
         nu_tilde_init, tau_tilde_init = np.zeros(n), np.zeros(n)
@@ -1853,7 +1895,7 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
 
 
 @public(nu_tilde="(n,) nonempty", tau_tilde="(n,) nonneg", K="(n, n) psd", K_star="(n, m)",
-        k_star_star="(m,)", L="(n, n) chol ?e", likelihood="{probit,step}", eps="eps")
+        k_star_star="(m,)", L="(n, n) chol ?e", likelihood=_EP_LIKELIHOOD_SPEC, eps="eps")
 @njit(cache=True)
 def ep_predict(nu_tilde, tau_tilde, K, K_star, k_star_star, L=None, likelihood="probit", eps=0.0):
     """Predictions for expectation propagation (GPML Algorithm 3.6).
@@ -1888,7 +1930,7 @@ def ep_predict(nu_tilde, tau_tilde, K, K_star, k_star_star, L=None, likelihood="
     f_bar_star = K_star.T @ (nu_tilde - z)                    # line 4: f_bar_* := k(x_*)^T (nu~ - z)  (3.60, 3.71)
     v = solve_lower_matrix(L, _scale_rows(sS, K_star))        # line 5: v := L\(S~^1/2 k(x_*))
     V_f_star = k_star_star - (v * v).sum(axis=0)              # line 6: V[f_*] := k(x_*, x_*) - v^T v  (3.61, 3.72)
-    noise = 1.0 if likelihood == "probit" else 0.0
+    noise = _ep_noise(likelihood)
     pi_bar_star = np.empty(f_bar_star.shape[0])
     for j in range(f_bar_star.shape[0]):
         sd = math.sqrt(noise + max(V_f_star[j], 0.0))
@@ -2003,7 +2045,7 @@ def _potential(L, y, likelihood, tau, g, f, grad):
     return U, log_lik
 
 
-@public(L="(n, n) chol", y="(n,) pm1 nonempty", likelihood="{logistic,probit}", tau="unit", g="(n,)",
+@public(L="(n, n) chol", y="(n,) pm1 nonempty", likelihood=_LIKELIHOOD_SPEC, tau="unit", g="(n,)",
         step="positive", n_leapfrog="count")
 @njit(cache=True)
 def hmc_transition(L, y, likelihood, tau, g, step, n_leapfrog):
@@ -2078,8 +2120,7 @@ def _auto_step(lam_max, likelihood, tau):
     1/4 for logistic); leapfrog is stable below 2 / sqrt(curvature). Step
     1.5 / sqrt(curvature), trajectories of length about 1.5, at most 50 steps.
     """
-    w = 1.0 if likelihood == "probit" else 0.25
-    step = 1.5 / math.sqrt(1.0 + tau * w * max(lam_max, 0.0))
+    step = 1.5 / math.sqrt(1.0 + tau * _w_max(likelihood) * max(lam_max, 0.0))
     return step, _n_leapfrog(step)
 
 
@@ -2124,7 +2165,7 @@ def _effective_sample_size(F):
     return F.shape[0] / tau_max
 
 
-@public(K="(n, n) psd", y="(n,) pm1 nonempty", likelihood="{logistic,probit}", n_samples="count", step="positive ?",
+@public(K="(n, n) psd", y="(n,) pm1 nonempty", likelihood=_LIKELIHOOD_SPEC, n_samples="count", step="positive ?",
         n_leapfrog="count ?", seed="seed", burn_in="count0", thin="count", tau="unit")
 @njit(cache=True)
 def hmc_latent(K, y, likelihood, n_samples, step=None, n_leapfrog=None, seed=0, burn_in=0,
@@ -2181,7 +2222,7 @@ def hmc_latent(K, y, likelihood, n_samples, step=None, n_leapfrog=None, seed=0, 
     return F, accepted / total, _effective_sample_size(F)
 
 
-@public(K="(n, n) psd", y="(n,) pm1 nonempty", likelihood="{logistic,probit}", n_samples="count", seed="seed",
+@public(K="(n, n) psd", y="(n,) pm1 nonempty", likelihood=_LIKELIHOOD_SPEC, n_samples="count", seed="seed",
         burn_in="count0", thin="count")
 @njit(cache=True)
 def elliptical_slice_latent(K, y, likelihood, n_samples, seed=0, burn_in=0, thin=1):
@@ -2359,7 +2400,7 @@ def _ais_schedule(T, schedule):
 # cholesky(K + 1e-8 max_i K_ii I) (as hmc_latent and mcmc_posterior), so
 # near-duplicate inputs do not stop it.
 
-@public(K="(n, n) psd", y="(n,) pm1 nonempty", likelihood="{logistic,probit}",
+@public(K="(n, n) psd", y="(n,) pm1 nonempty", likelihood=_LIKELIHOOD_SPEC,
         T="count", R="count", step="positive ?", n_leapfrog="count ?", seed="seed", schedule="(*,) ?")
 @njit(cache=True)
 def ais(K, y, likelihood, T=8000, R=3, step=None, n_leapfrog=None, seed=0, schedule=None):
@@ -2415,7 +2456,7 @@ def ais(K, y, likelihood, T=8000, R=3, step=None, n_leapfrog=None, seed=0, sched
     return log_Z, log_w, se, n_acc.sum() / (R * T), w.sum() ** 2 / (w * w).sum()
 
 
-@public(F="(S, n) nonempty", K="(n, n) psd", likelihood="{logistic,probit}", K_star="(n, m)", k_star_star="(m,)")
+@public(F="(S, n) nonempty", K="(n, n) psd", likelihood=_LIKELIHOOD_SPEC, K_star="(n, m)", k_star_star="(m,)")
 @njit(cache=True)
 def mcmc_predict(F, K, likelihood, K_star, k_star_star):
     """Predictive probabilities of class +1 from posterior latent samples (K&R eqs. 3-4).
@@ -2436,7 +2477,7 @@ def mcmc_predict(F, K, likelihood, K_star, k_star_star):
     var = k_star_star - (A * A).sum(axis=0)                    # k_** - k_*^T K^-1 k_*
     means = np.empty((S, m))
     pi = np.zeros(m)
-    is_logistic = likelihood == "logistic"                    # else "probit"
+    is_logistic = _is_logistic(likelihood)
     for s in range(S):
         check_interrupt()
         u = solve_lower(L, F[s])                               # L^-1 f

@@ -320,3 +320,37 @@ def test_the_contents_at_the_top_give_each_box_its_function_and_line():
         assert int(number) == actual, f"the contents give {function} at line {number}, it is at line {actual}"
     number = re.search(r"BOXES, show_box\s+line (\d+)$", gpclab.__doc__, re.M).group(1)
     assert lines[int(number) - 1].startswith("BOXES = {")
+
+
+def test_no_likelihood_name_falls_through_in_the_compiled_functions():
+    """Part I branches on a likelihood's name only in log_likelihood, _is_logistic and _ep_noise
+    (the others ask them), which refuse a name they do not know: a name that gets past the checks
+    (an unchecked call) is refused, never run as logistic, probit or step."""
+    import ast as ast_module
+    source = open(gpclab.__file__, encoding="utf-8").read()
+    part_one = source[:source.index("# PART II. USING IT")]
+    branching = set()
+    for node in ast_module.walk(ast_module.parse(part_one)):
+        if isinstance(node, ast_module.FunctionDef):
+            for sub in ast_module.walk(node):
+                if (isinstance(sub, ast_module.Compare) and isinstance(sub.left, ast_module.Name)
+                        and sub.left.id == "likelihood"):
+                    branching.add(node.name)
+    assert branching == {"log_likelihood", "_is_logistic", "_ep_noise"}, branching
+    from test_transcriptions import binary_problem
+
+    X, y, K, K_star, kss = binary_problem(3, 8)
+    calls = [
+        (gpclab.log_likelihood, ("toy", y, np.zeros(8)), {}),
+        (gpclab.laplace_mode, (K, y, "toy"), {}),
+        (gpclab.laplace_predict, (np.zeros(8), K, y, "toy", K_star, kss), {}),
+        (gpclab.averaged_probability, ("toy", np.zeros(3), np.ones(3), "average"), {}),
+        (gpclab.hmc_latent, (K, y, "toy", 5), {}),
+        (gpclab.ais, (K, y, "toy"), {"T": 8, "R": 2}),
+        (gpclab.mcmc_predict, (np.zeros((2, 8)), K, "toy", K_star, kss), {}),
+        (gpclab.ep, (K, y), {"likelihood": "toy"}),
+        (gpclab.ep_predict, (np.zeros(8), np.ones(8), K, K_star, kss), {"likelihood": "toy"}),
+    ]
+    for fn, args, kwargs in calls:
+        with pytest.raises(ValueError, match="likelihood must be"):
+            fn.unchecked(*args, **kwargs)
