@@ -545,7 +545,7 @@ def probit(y, f):
 
 
 # The likelihoods by name, in one place: what the algorithms ask of p(y|f) is answered here,
-# and nowhere else does code branch on the name. log_likelihood: log p and its first three
+# and nowhere else in Part I does code branch on the name. log_likelihood: log p and its first three
 # derivatives (Laplace, HMC, AIS, the lower bound); _is_logistic: which Gaussian average (3.25)
 # and MAP rule (averaged_probability, mcmc_predict); _w_max: the largest W in the bulk of the
 # posterior (HMC's step size); _ep_noise: EP's site, a step of f plus Gaussian noise of this
