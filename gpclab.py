@@ -10,14 +10,14 @@ and the code's departures from the box beside the lines they concern.
 
 Contents: each box, its function, and the line of the function's ``def`` in this
 file (tests/test_boxes.py keeps these numbers true):
-    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 889
-    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 954
-    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1170
-    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1433
-    GPML Algorithm 3.5  expectation propagation           ep                          line 1821
-    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 1900
-    K&R Algorithm 3     annealed importance sampling      ais                         line 2406
-    the boxes as printed, errata, departures              BOXES, show_box             line 3258
+    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 883
+    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 948
+    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1164
+    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1427
+    GPML Algorithm 3.5  expectation propagation           ep                          line 1815
+    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 1894
+    K&R Algorithm 3     annealed importance sampling      ais                         line 2400
+    the boxes as printed, errata, departures              BOXES, show_box             line 3252
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
     GPML 3.3   covariance functions; the likelihoods (3.15, 3.16)
@@ -682,22 +682,6 @@ def solve_lower_transpose(L, b):
     return x
 
 
-# BLAS and LAPACK (_dtrsm, _dsyrk, _dpotri, _dpotrf: see "What Part I takes from Part III" at
-# the top) take every argument by pointer, Fortran's way: a character or an integer goes in as a
-# one-element array, passed as its .ctypes and held in a local variable for the call.
-
-@njit(cache=True)
-def _fortran_char(c):
-    """A Fortran character argument, 'U', 'N', 'R', ...: a one-byte array."""
-    return np.array([ord(c)], np.uint8)
-
-
-@njit(cache=True)
-def _fortran_int(k):
-    """A Fortran integer argument: a one-element int32 array."""
-    return np.array([k], np.int32)
-
-
 @public(L="(n, n) chol", B="(n, m)")
 @njit(cache=True)
 def solve_lower_matrix(L, B):
@@ -708,8 +692,12 @@ def solve_lower_matrix(L, B):
         return X
     Lc = np.ascontiguousarray(L)
     # In Fortran order X is X^T (m, n) and L is L^T (upper): solve X^T L^T = B^T.
-    side, uplo, trans, diag = _fortran_char("R"), _fortran_char("U"), _fortran_char("N"), _fortran_char("N")
-    mm, nn = _fortran_int(m), _fortran_int(n)
+    side = np.array([ord("R")], np.uint8)
+    uplo = np.array([ord("U")], np.uint8)
+    trans = np.array([ord("N")], np.uint8)
+    diag = np.array([ord("N")], np.uint8)
+    mm = np.array([m], np.int32)
+    nn = np.array([n], np.int32)
     alpha = np.array([1.0])
     _dtrsm(side.ctypes, uplo.ctypes, trans.ctypes, diag.ctypes, mm.ctypes,
            nn.ctypes, alpha.ctypes, Lc.ctypes, nn.ctypes, X.ctypes, mm.ctypes)
@@ -729,8 +717,10 @@ def syrk_lower(C, A, alpha):
     Ac = np.ascontiguousarray(A)
     # In Fortran order A is A^T (n, k): A^T A = F F^T with F = A^T, trans 'N';
     # the Fortran upper triangle is the C lower triangle.
-    uplo, trans = _fortran_char("U"), _fortran_char("N")
-    nn, kk = _fortran_int(n), _fortran_int(k)
+    uplo = np.array([ord("U")], np.uint8)
+    trans = np.array([ord("N")], np.uint8)
+    nn = np.array([n], np.int32)
+    kk = np.array([k], np.int32)
     al = np.array([alpha])
     beta = np.array([1.0])
     _dsyrk(uplo.ctypes, trans.ctypes, nn.ctypes, kk.ctypes, al.ctypes, Ac.ctypes,
@@ -759,7 +749,9 @@ def _potri_lower(L):
     if n == 0:
         return A
     # C-order lower L is Fortran upper U = L^T, and B = U^T U.
-    uplo, nn, info = _fortran_char("U"), _fortran_int(n), _fortran_int(0)
+    uplo = np.array([ord("U")], np.uint8)
+    nn = np.array([n], np.int32)
+    info = np.zeros(1, np.int32)
     _dpotri(uplo.ctypes, nn.ctypes, A.ctypes, nn.ctypes, info.ctypes)  # info = 0: L has no zero pivot
     return A
 
@@ -799,7 +791,9 @@ def _cholesky(A):
     n = A.shape[0]
     if n == 0:
         return A
-    uplo, nn, info = _fortran_char("U"), _fortran_int(n), _fortran_int(0)  # C-order lower = Fortran upper
+    uplo = np.array([ord("U")], np.uint8)                     # C-order lower = Fortran upper
+    nn = np.array([n], np.int32)
+    info = np.zeros(1, np.int32)
     _dpotrf(uplo.ctypes, nn.ctypes, A.ctypes, nn.ctypes, info.ctypes)
     if info[0] != 0:
         raise np.linalg.LinAlgError("Matrix is not positive definite.")
