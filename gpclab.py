@@ -16,8 +16,8 @@ file (tests/test_boxes.py keeps these numbers true):
     GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1427
     GPML Algorithm 3.5  expectation propagation           ep                          line 1815
     GPML Algorithm 3.6  EP predictions                    ep_predict                  line 1894
-    K&R Algorithm 3     annealed importance sampling      ais                         line 2400
-    the boxes as printed, errata, departures              BOXES, show_box             line 3252
+    K&R Algorithm 3     annealed importance sampling      ais                         line 2402
+    the boxes as printed, errata, departures              BOXES, show_box             line 3254
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
     GPML 3.3   covariance functions; the likelihoods (3.15, 3.16)
