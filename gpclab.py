@@ -6123,6 +6123,8 @@ def latent_panels(axes, xs, models, X=None, y=None, truth=None):
     """GPML Figure 3.6's two panels for 1-D inputs: (a) predictive probabilities, (b) latent means
     with +/- 2 sd bands (3.21, 3.24), for (model, name, colour) triples of fitted GPClassifiers.
     X, y: the training data, drawn at p = 1 (+1) and 0 (-1); truth: a function of x drawn dotted.
+    Each band is drawn as its two edges, dashed in the model's colour, over a faint fill, so that
+    overlapping bands stay identifiable.
     The legends sit outside the axes, to the right, so that they cover no data."""
     xs = np.asarray(xs, dtype=float).reshape(-1, 1)
     ax_p, ax_f = axes
@@ -6137,7 +6139,9 @@ def latent_panels(axes, xs, models, X=None, y=None, truth=None):
         m, V = model.predict_latent(xs)
         sd = np.sqrt(V)
         ax_f.plot(xs[:, 0], m, color=c, label=f"{name} mean")
-        ax_f.fill_between(xs[:, 0], m - 2 * sd, m + 2 * sd, color=c, alpha=0.15, label=f"{name} $\\pm$ 2 sd")
+        ax_f.fill_between(xs[:, 0], m - 2 * sd, m + 2 * sd, color=c, alpha=0.1, lw=0)
+        ax_f.plot(xs[:, 0], m - 2 * sd, color=c, ls="--", lw=1.2, label=f"{name} $\\pm$ 2 sd")
+        ax_f.plot(xs[:, 0], m + 2 * sd, color=c, ls="--", lw=1.2)
     ax_f.axhline(0, color="k", lw=0.5)
     ax_p.set(xlabel=LABELS["x"], ylabel=LABELS["p"], title="(a)", ylim=(-0.05, 1.05))
     ax_f.set(xlabel=LABELS["x"], ylabel=LABELS["f"], title="(b)")
