@@ -4375,7 +4375,10 @@ class GPClassifier:
         restarts, random starts) on three-Gaussians, crabs and Pima (Laplace
         and EP) and Ionosphere (Laplace) without restarts, and EM-EP came
         within 0.004 nats (its tolerance) on three-Gaussians; restarts added
-        nothing, hence n_restarts = 0.
+        nothing there, hence n_restarts = 0. The evidence of an ARD kernel on
+        raw inputs can have several maxima: on K&G's Table 1 problems (two
+        inputs, 200 points) one start of ten latent functions stopped on a
+        lower maximum, which n_restarts=3 found (lecture 3.6b).
     optimize : bool
         Fit log_hyp by ML-II (maximising the approximate log evidence) or, for
         method 'emep', by EM-EP.
