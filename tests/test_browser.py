@@ -30,6 +30,16 @@ START_S = 600           # the server answering, the notebook open and its kernel
 RUN_S = 900             # every cell of the lecture
 
 LECTURE = "sec3_01_linear_models_and_gp_prior.ipynb"
+# The layout a figure must read in: a 1400 x 900 window with the file browser open beside the notebook.
+# There, every output image shows at >= MIN_RATIO of its natural width, and the smallest text the course
+# allows (STYLE_PT = 9 pt, gpclab.check_figure_style) shows >= MIN_TEXT_PX CSS pixels tall (1 CSS px =
+# 1/96 in: 10 px is 7.5 pt on a screen at its nominal resolution). The output column there is about
+# 950 CSS px, so a figure w inches wide that fills it shows 9-pt text at 9 * 950 / (72 w) px whatever its
+# dpi: 10 px for the course's widest (12 in, about 11.9 in once cropped), 11 px for 10.8 in.
+WINDOW = (1400, 900)
+MIN_RATIO = 0.9
+STYLE_PT = 9
+MIN_TEXT_PX = 10
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver") or shutil.which("chromium-driver")
 
@@ -146,7 +156,7 @@ def browser(tmp_path):
     # background may try to reach it.
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1400,1000", f"--user-data-dir={tmp_path / 'chromium'}"):
+                 "--disable-dev-shm-usage", f"--window-size={WINDOW[0]},{WINDOW[1]}", f"--user-data-dir={tmp_path / 'chromium'}"):
         opts.add_argument(flag)
     service = Service(DRIVER, log_output=str(tmp_path / "chromedriver.log"))
     driver = webdriver.Chrome(service=service, options=opts)
@@ -204,10 +214,93 @@ return true;
 """
 
 
-def test_slider_renders_and_redraws_the_figure(lab, browser):
+# Every output image of the notebook, each scrolled into view first (JupyterLab may skip the layout of
+# cells out of view): its natural and displayed (CSS px) width and its PNG as a data URI.
+OUTPUT_IMAGES = """
+return [...document.querySelectorAll('.jp-OutputArea-output img')].map(i => {
+    i.scrollIntoView({block: 'center'});
+    return {natural: i.naturalWidth, shown: i.getBoundingClientRect().width, src: i.src};
+});
+"""
+
+# The left sidebar's open panel (the file browser): its width in CSS px, 0 when closed.
+SHOW_FILE_BROWSER = """
+window.jupyterapp.shell.activateById('filebrowser');
+const fb = document.getElementById('filebrowser');
+return {panel: fb ? fb.getBoundingClientRect().width : 0, window: window.innerWidth,
+        dpr: window.devicePixelRatio};
+"""
+
+
+def _png_dpi(src):
+    """The resolution (dots per inch) a PNG data URI states in its pHYs chunk (matplotlib writes the dpi
+    it rendered at there); None if it states none."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    assert src.startswith("data:image/png;base64,"), f"not a PNG data URI: {src[:40]}"
+    info = Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1]))).info
+    return info["dpi"][0] if "dpi" in info else None
+
+
+def figure_legibility(images):
+    """For each output image (natural and displayed width, PNG source): the ratio displayed / natural
+    width, the PNG's dpi, and the displayed height in CSS px of STYLE_PT-point text (STYLE_PT / 72 inches
+    of the figure is STYLE_PT * dpi / 72 image pixels, shown at ratio)."""
+    rows = []
+    for k, im in enumerate(images):
+        dpi = _png_dpi(im["src"])
+        ratio = im["shown"] / im["natural"]
+        rows.append({"index": k, "natural": im["natural"], "shown": round(im["shown"], 1), "ratio": round(ratio, 3),
+                     "dpi": dpi, "text_px": None if dpi is None else round(STYLE_PT * dpi / 72 * ratio, 2)})
+    return rows
+
+
+def legibility_offences(rows):
+    """The rows that break the criterion, as sentences naming the image's index."""
+    bad = []
+    for r in rows:
+        if r["ratio"] < MIN_RATIO:
+            bad.append(f"output image {r['index']} shows at {r['ratio']:.0%} of its natural width "
+                       f"({r['shown']} of {r['natural']} px; at least {MIN_RATIO:.0%} required)")
+        if r["dpi"] is None:
+            bad.append(f"output image {r['index']} states no dpi (PNG pHYs chunk), so its text size is unknown")
+        elif r["text_px"] < MIN_TEXT_PX:
+            bad.append(f"output image {r['index']}: {STYLE_PT}-pt text shows {r['text_px']} CSS px tall "
+                       f"({r['dpi']:.0f} dpi at {r['ratio']:.0%}; at least {MIN_TEXT_PX} px required)")
+    return bad
+
+
+def test_legibility_criterion_can_fail():
+    """The criterion itself, on made-up measurements: a 14-inch figure at 100 dpi (1400 px) in a 1000-px
+    column fails both parts; a 12-inch one at 90 dpi shown in full passes; an image without a stated dpi
+    fails."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    def png(dpi):
+        buf = io.BytesIO()
+        Image.new("RGB", (4, 4)).save(buf, format="png", **({"dpi": (dpi, dpi)} if dpi else {}))
+        return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+    wide = figure_legibility([{"natural": 1400, "shown": 1000, "src": png(100)}])
+    assert wide[0]["ratio"] == pytest.approx(0.714, abs=1e-3) and wide[0]["text_px"] == pytest.approx(8.93, abs=0.01)
+    assert len(legibility_offences(wide)) == 2 and "output image 0" in legibility_offences(wide)[0]
+    fits = figure_legibility([{"natural": 1080, "shown": 1080, "src": png(90)}])
+    assert fits[0]["text_px"] == pytest.approx(11.25) and legibility_offences(fits) == []
+    assert "states no dpi" in legibility_offences(figure_legibility([{"natural": 10, "shown": 10, "src": png(None)}]))[0]
+
+
+def test_slider_renders_and_redraws_the_figure(lab, browser, tmp_path):
     """Run the whole lecture in JupyterLab; the prior-width slider of Figure 3.1 is a widget (not 'Error
     displaying widget'), the figure under it shows; a key press on the slider changes its value and the
-    figure, which is replaced in place (still one image)."""
+    figure, which is replaced in place (still one image). Then, with the file browser open in a 1400 x 900
+    window, every output image of the lecture reads: shown at >= 90 % of its natural width, its 9-pt text
+    >= 10 CSS px tall (a screenshot is saved beside the test's files)."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
@@ -257,3 +350,13 @@ def test_slider_renders_and_redraws_the_figure(lab, browser):
     _wait(lambda: readout.text != value, 30, "the slider's value to change")
     after = _wait(lambda: (lambda f: f if f != before else None)(figures()), 60, "the figure to be redrawn")
     assert len(after) == 1, f"the redraw added an image instead of replacing it: {len(after)} images"
+
+    layout = browser.execute_script(SHOW_FILE_BROWSER)
+    assert layout["panel"] > 150 and layout["window"] == WINDOW[0], f"the file browser is not open: {layout}"
+    rows = figure_legibility(browser.execute_script(OUTPUT_IMAGES))
+    shot = tmp_path / "lecture.png"
+    browser.save_screenshot(str(shot))
+    print(f"layout {layout}; output images: {rows}; screenshot {shot}")
+    assert rows, "no output image in the lecture"
+    bad = legibility_offences(rows)
+    assert not bad, "; ".join(bad) + f" (file browser {layout['panel']:.0f} px wide; screenshot {shot})"
