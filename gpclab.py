@@ -5981,6 +5981,9 @@ class LectureSetup:
             fig.savefig(os.path.join(self.SAVE, name + ".png"), dpi=120, bbox_inches="tight")
 
 
+INLINE_DPI = 88     # the dots per inch of figures shown in a notebook (lecture_setup, slider_figure)
+
+
 def lecture_setup(quick=None):
     """The set-up shared by the lectures: returns (QUICK, save).
 
@@ -5997,7 +6000,7 @@ def lecture_setup(quick=None):
     import matplotlib as mpl
 
     mpl.rcParams.update(_RC)
-    mpl.rcParams["figure.dpi"] = 88      # matplotlib-inline renders at the figure's dpi (savefig.dpi "figure")
+    mpl.rcParams["figure.dpi"] = INLINE_DPI   # matplotlib-inline renders at the figure's dpi (savefig.dpi "figure")
     setup = LectureSetup(quick)
     return setup.QUICK, setup.save
 
@@ -6209,7 +6212,7 @@ def slider_figure(draw, sliders, columns=3, readout=None):
             check_figure_style(fig, "slider figure (" + getattr(draw, "__name__", "draw") + ")")
             crop.append(fig.get_tightbbox().padded(0.1))
         buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=90, bbox_inches=crop[0])
+        fig.savefig(buf, format="png", dpi=INLINE_DPI, bbox_inches=crop[0])
         plt.close(fig)
         return Image(data=buf.getvalue(), format="png"), result, t0
 
