@@ -10,17 +10,18 @@ and the code's departures from the box beside the lines they concern.
 
 Contents: each box, its function, and the line of the function's ``def`` in this
 file (tests/test_boxes.py keeps these numbers true):
-    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 977
-    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1042
-    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1258
-    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1521
-    GPML Algorithm 3.5  expectation propagation           ep                          line 1909
-    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 1988
-    K&R Algorithm 3     annealed importance sampling      ais                         line 2496
-    the boxes as printed, errata, departures              BOXES, show_box             line 3348
+    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 978
+    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1043
+    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1259
+    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1522
+    GPML Algorithm 3.5  expectation propagation           ep                          line 1910
+    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 1989
+    K&R Algorithm 3     annealed importance sampling      ais                         line 2497
+    the boxes as printed, errata, departures              BOXES, show_box             line 3349
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
-    GPML 3.3   covariance functions; the likelihoods (3.15, 3.16)
+    GPML 3.3   covariance functions; the likelihoods (3.15, 3.16) and their one
+               table, LIKELIHOODS (see "Likelihoods" below)
     GPML 3.4   binary Laplace: Algorithms 3.1 (laplace_mode), 3.2 (laplace_predict)
     GPML 3.5   multi-class Laplace: Algorithms 3.3 (laplace_mode_multiclass),
                3.4 (laplace_predict_multiclass)
