@@ -10,14 +10,14 @@ and the code's departures from the box beside the lines they concern.
 
 Contents: each box, its function, and the line of the function's ``def`` in this
 file (tests/test_boxes.py keeps these numbers true):
-    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 978
-    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1043
-    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1259
-    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1522
-    GPML Algorithm 3.5  expectation propagation           ep                          line 1910
-    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 1989
-    K&R Algorithm 3     annealed importance sampling      ais                         line 2497
-    the boxes as printed, errata, departures              BOXES, show_box             line 3349
+    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 979
+    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1044
+    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1260
+    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1523
+    GPML Algorithm 3.5  expectation propagation           ep                          line 1911
+    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 1990
+    K&R Algorithm 3     annealed importance sampling      ais                         line 2498
+    the boxes as printed, errata, departures              BOXES, show_box             line 3350
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
     GPML 3.3   covariance functions; the likelihoods (3.15, 3.16) and their one
@@ -564,7 +564,7 @@ def probit(y, f):
 # log_likelihood and _likelihood_row compare the name, and both refuse a name they do not know,
 # so no name falls through to run as another.
 #
-# Adding a likelihood is one edit here (tests/test_likelihoods.py makes one, "cauchit"):
+# Adding a likelihood is one edit here (tests/test_likelihoods.py adds "cloglog" this way):
 #   1. its log p(y|f) and three derivatives in f, an @njit function like logistic(y, f) above;
 #   2. a branch `if likelihood == "name": return name(y, f)` in log_likelihood below;
 #   3. its row in LIKELIHOODS: laplace=True (Laplace, HMC, AIS and the lower bound use log p),
@@ -572,7 +572,8 @@ def probit(y, f):
 # EP's sites are the family eps + (1 - 2 eps) Phi(y f / sqrt(noise)) (_tilted_terms): a row with
 # ep_noise joins EP; a site outside that family also needs its log Z_hat and two derivatives in
 # _tilted_terms. numba compares the name inside the compiled code (a function passed as an
-# argument would be compiled anew in every process): after an edit, `python -m gpclab compile`.
+# argument would be compiled anew in every process), and reads the table's tuples when it compiles:
+# edit the file, not the table at run time, and then run `python -m gpclab compile`.
 
 Likelihood = namedtuple("Likelihood", "laplace w_max average ep_noise em_ep formula")
 Likelihood.__doc__ = """One row of LIKELIHOODS.
