@@ -10,17 +10,18 @@ and the code's departures from the box beside the lines they concern.
 
 Contents: each box, its function, and the line of the function's ``def`` in this
 file (tests/test_boxes.py keeps these numbers true):
-    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 883
-    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 948
-    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1164
-    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1427
-    GPML Algorithm 3.5  expectation propagation           ep                          line 1815
-    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 1894
-    K&R Algorithm 3     annealed importance sampling      ais                         line 2402
-    the boxes as printed, errata, departures              BOXES, show_box             line 3254
+    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 979
+    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1044
+    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1260
+    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1523
+    GPML Algorithm 3.5  expectation propagation           ep                          line 1911
+    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 1990
+    K&R Algorithm 3     annealed importance sampling      ais                         line 2498
+    the boxes as printed, errata, departures              BOXES, show_box             line 3350
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
-    GPML 3.3   covariance functions; the likelihoods (3.15, 3.16)
+    GPML 3.3   covariance functions; the likelihoods (3.15, 3.16) and their one
+               table, LIKELIHOODS (see "Likelihoods" below)
     GPML 3.4   binary Laplace: Algorithms 3.1 (laplace_mode), 3.2 (laplace_predict)
     GPML 3.5   multi-class Laplace: Algorithms 3.3 (laplace_mode_multiclass),
                3.4 (laplace_predict_multiclass)
@@ -102,6 +103,15 @@ What Part I takes from Part III (machinery, to be taken on trust while reading):
                         Part III has made every numba function and checked entry
 em_ep, plain Python, also uses Part II's label and default helpers (class_labels,
 one_hot, default_log_hyp, default_bounds, _warn_not_converged).
+
+Likelihoods: LIKELIHOODS (Part I, after logistic and probit) is the one table of
+them, name -> what each algorithm needs (log p for Laplace and MCMC, HMC's w_max,
+the Gaussian average of the predictions, EP's site); the public specs (Parts I and
+II), GPClassifier's choices, EP, HMC's step size and the compile command read it,
+and a name not in it is refused everywhere. To add one: write its log p(y|f) and
+three derivatives as an @njit function like logistic(y, f), add its branch to
+log_likelihood and its row to LIKELIHOODS (the comment above the table says how);
+tests/test_likelihoods.py adds the complementary log-log likelihood that way.
 """
 
 import gc
@@ -115,7 +125,7 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def _lasting(freeze=True):
+def _gc_paused_then_frozen(freeze=True):
     """Around imports, and Part III's assembly of gpclab's functions: what they make lasts as long
     as the process, and two of its costs are spared (0.3-0.5 s of CPU in a new process's first
     cell; README, "A busy hub").
@@ -143,7 +153,7 @@ def _lasting(freeze=True):
             gc.enable()
 
 
-with _lasting():
+with _gc_paused_then_frozen():
     import numpy as np
     from numba import prange
 
@@ -544,64 +554,150 @@ def probit(y, f):
     return lp, dlp, d2lp, d3lp
 
 
-# The likelihoods by name, in one place: what the algorithms ask of p(y|f) is answered here,
-# and nowhere else in Part I does code branch on the name. log_likelihood: log p and its first three
-# derivatives (Laplace, HMC, AIS, the lower bound); _is_logistic: which Gaussian average (3.25)
-# and MAP rule (averaged_probability, mcmc_predict); _w_max: the largest W in the bulk of the
-# posterior (HMC's step size); _ep_noise: EP's site, a step of f plus Gaussian noise of this
-# variance (probit 1, K&G's step likelihood 0). Each refuses a name it does not know, so that a
-# likelihood added to one of them cannot run as another elsewhere; the public specs take the
-# names from _LIKELIHOOD_SPEC and _EP_LIKELIHOOD_SPEC.
+# ----------------------------------------------------------------------------
+# The likelihoods, one table: LIKELIHOODS
+# ----------------------------------------------------------------------------
+# Every place that takes a likelihood's name reads it from LIKELIHOODS: the specs of the public
+# functions (Parts I and II), GPClassifier's choices per method, the compile command's paths
+# (Part III), and, frozen into the compiled code as tuples, HMC's step size (_w_max), EP's site
+# (_ep_noise) and the Gaussian average (3.25) of the predictions (_average_rule). In Part I only
+# log_likelihood and _likelihood_row compare the name, and both refuse a name they do not know,
+# so no name falls through to run as another.
+#
+# Adding a likelihood is one edit here (tests/test_likelihoods.py adds "cloglog" this way):
+#   1. its log p(y|f) and three derivatives in f, an @njit function like logistic(y, f) above;
+#   2. a branch `if likelihood == "name": return name(y, f)` in log_likelihood below;
+#   3. its row in LIKELIHOODS: laplace=True (Laplace, HMC, AIS and the lower bound use log p),
+#      w_max, and average="gauss_hermite" (a 64-point rule over p(y=+1|f)) unless it has its own.
+# EP's sites are the family eps + (1 - 2 eps) Phi(y f / sqrt(noise)) (_tilted_terms): a row with
+# ep_noise joins EP; a site outside that family also needs its log Z_hat and two derivatives in
+# _tilted_terms. numba compares the name inside the compiled code (a function passed as an
+# argument would be compiled anew in every process), and reads the table's tuples when it compiles:
+# edit the file, not the table at run time, and then run `python -m gpclab compile`.
 
-_LIKELIHOOD_SPEC = "{logistic,probit}"
-_EP_LIKELIHOOD_SPEC = "{probit,step}"
+Likelihood = namedtuple("Likelihood", "laplace w_max average ep_noise em_ep formula")
+Likelihood.__doc__ = """One row of LIKELIHOODS.
+
+laplace   log p(y|f) and three derivatives in log_likelihood: Laplace, HMC, AIS, the lower bound
+w_max     the largest W = -d2 log p/df2 in the bulk of the posterior (HMC's step, hmc_step_size)
+average   the Gaussian average (3.25) and MAP rule of the predictions: 'probit' (3.82),
+          'logistic' (logistic_gaussian_integral; also MacKay's rule), 'gauss_hermite' (64 points)
+ep_noise  EP's site: a step of f plus N(0, ep_noise) noise, with labelling noise eps; None: no EP
+em_ep     K&G's EM-EP bound (K&G 29) is written for it
+formula   p(y|f), as printed"""
+
+LIKELIHOODS = {
+    "logistic": Likelihood(laplace=True, w_max=0.25, average="logistic", ep_noise=None, em_ep=False,
+                           formula="lambda(y f) = 1 / (1 + exp(-y f))  (3.15)"),
+    "probit": Likelihood(laplace=True, w_max=1.0, average="probit", ep_noise=1.0, em_ep=False,
+                         formula="Phi(y f)  (3.16)"),
+    "step": Likelihood(laplace=False, w_max=None, average=None, ep_noise=0.0, em_ep=True,
+                       formula="eps + (1 - 2 eps) H(y f), H the unit step  (K&G 10)"),
+}
+
+
+def _likelihood_names(ask=lambda row: True):
+    """The names of LIKELIHOODS whose row answers ask, in the table's order."""
+    return tuple(name for name, row in LIKELIHOODS.items() if ask(row))
+
+
+def _choice_spec(names):
+    """A public spec "{a,b}": one of these names."""
+    return "{" + ",".join(names) + "}"
+
+
+_LAPLACE_LIKELIHOODS = _likelihood_names(lambda row: row.laplace)
+_EP_LIKELIHOODS = _likelihood_names(lambda row: row.ep_noise is not None)
+_EM_EP_LIKELIHOODS = _likelihood_names(lambda row: row.em_ep)
+_LIKELIHOOD_SPEC = _choice_spec(_LAPLACE_LIKELIHOODS)      # "{logistic,probit}": log p is needed
+_EP_LIKELIHOOD_SPEC = _choice_spec(_EP_LIKELIHOODS)        # "{probit,step}": an EP site is needed
+_ANY_LIKELIHOOD_SPEC = _choice_spec(tuple(LIKELIHOODS))    # "{logistic,probit,step}"
+
+# The table as the compiled code sees it (numba freezes these tuples into it; nan, -1: none)
+_AVERAGE_PROBIT, _AVERAGE_LOGISTIC, _AVERAGE_GAUSS_HERMITE = 0, 1, 2
+_AVERAGE_RULES = ("probit", "logistic", "gauss_hermite")
+_ROW_NAMES = tuple(LIKELIHOODS)
+_ROW_W_MAX = tuple(math.nan if row.w_max is None else float(row.w_max) for row in LIKELIHOODS.values())
+_ROW_AVERAGE = tuple(-1 if row.average is None else _AVERAGE_RULES.index(row.average)
+                     for row in LIKELIHOODS.values())
+_ROW_EP_NOISE = tuple(math.nan if row.ep_noise is None else float(row.ep_noise) for row in LIKELIHOODS.values())
 
 
 @public(likelihood=_LIKELIHOOD_SPEC, y="(n,) pm1", f="(n,)")
 @njit(cache=True)
 def log_likelihood(likelihood, y, f):
-    """Dispatch on the likelihood's name: 'logistic' (3.15) or 'probit' (3.16)."""
+    """Dispatch on the likelihood's name: 'logistic' (3.15) or 'probit' (3.16); returns
+    log p(y|f) and its first three derivatives in f, elementwise (see LIKELIHOODS)."""
     if likelihood == "logistic":
         return logistic(y, f)
     if likelihood == "probit":
         return probit(y, f)
-    raise ValueError("log_likelihood: likelihood must be 'logistic' or 'probit'")
+    raise ValueError("log_likelihood: likelihood has no log p here (see gpclab.LIKELIHOODS)")
 
 
 @njit(cache=True)
-def _is_logistic(likelihood):
-    """True for 'logistic', False for 'probit'; any other name is refused."""
-    if likelihood == "logistic":
-        return True
-    if likelihood == "probit":
-        return False
-    raise ValueError("likelihood must be 'logistic' or 'probit'")
+def _likelihood_row(likelihood):
+    """The row of LIKELIHOODS with this name; any other name is refused."""
+    for i in range(len(_ROW_NAMES)):
+        if likelihood == _ROW_NAMES[i]:
+            return i
+    raise ValueError("likelihood: not a name in gpclab.LIKELIHOODS")
 
 
 @njit(cache=True)
 def _w_max(likelihood):
     """The largest W = -d2 log p(y|f)/df2 in the bulk of the posterior: 1/4 for logistic, 1 for probit."""
-    return 0.25 if _is_logistic(likelihood) else 1.0
+    w = _ROW_W_MAX[_likelihood_row(likelihood)]
+    if math.isnan(w):
+        raise ValueError("likelihood: has no log p, so no HMC step (see gpclab.LIKELIHOODS)")
+    return w
+
+
+@njit(cache=True)
+def _average_rule(likelihood):
+    """How predictions average over the latent Gaussian: _AVERAGE_PROBIT, _AVERAGE_LOGISTIC or
+    _AVERAGE_GAUSS_HERMITE (LIKELIHOODS' average)."""
+    rule = _ROW_AVERAGE[_likelihood_row(likelihood)]
+    if rule < 0:
+        raise ValueError("likelihood: has no Gaussian average here (see gpclab.LIKELIHOODS)")
+    return rule
 
 
 @njit(cache=True)
 def _ep_noise(likelihood):
     """EP's site as a step of f plus Gaussian noise of this variance: 1 for 'probit' (Phi(y f) is
-    the probability that f + N(0, 1) has the sign of y), 0 for K&G's 'step'; any other name refused."""
-    if likelihood == "probit":
-        return 1.0
-    if likelihood == "step":
-        return 0.0
-    raise ValueError("likelihood must be 'probit' or 'step'")
+    the probability that f + N(0, 1) has the sign of y), 0 for K&G's 'step'; a likelihood with no
+    EP site is refused."""
+    noise = _ROW_EP_NOISE[_likelihood_row(likelihood)]
+    if math.isnan(noise):
+        raise ValueError("likelihood: has no EP site (see gpclab.LIKELIHOODS)")
+    return noise
 
 
 @njit(cache=True)
-def _gaussian_average(is_logistic, f_bar, V):
+def _map_probability(rule, likelihood, f_bar):
+    """p(y=+1|f_bar), the MAP prediction of section 3.4.2: Phi (probit), lambda (logistic), or
+    exp(log p) from log_likelihood."""
+    if rule == _AVERAGE_LOGISTIC:
+        return sigmoid(f_bar)
+    if rule == _AVERAGE_PROBIT:
+        return std_normal_cdf(f_bar)
+    return math.exp(log_likelihood(likelihood, np.ones(1), np.full(1, f_bar))[0][0])
+
+
+@njit(cache=True)
+def _gaussian_average(rule, likelihood, f_bar, V):
     """int sigma(z) N(z|f_bar, V) dz (3.25): Phi(f_bar / sqrt(1 + V)) (3.82) for probit, by
-    quadrature (logistic_gaussian_integral) for logistic."""
-    if is_logistic:
+    quadrature (logistic_gaussian_integral) for logistic, by a 64-point Gauss-Hermite rule over
+    p(y=+1|f) from log_likelihood for a likelihood with average 'gauss_hermite' (absolute error
+    below 1e-7 for the complementary log-log in tests/test_likelihoods.py, 4.6e-8 at its largest)."""
+    if rule == _AVERAGE_LOGISTIC:
         return logistic_gaussian_integral(f_bar, V)
-    return std_normal_cdf(f_bar / math.sqrt(1.0 + V))
+    if rule == _AVERAGE_PROBIT:
+        return std_normal_cdf(f_bar / math.sqrt(1.0 + V))
+    f = f_bar + _SQRT2 * math.sqrt(V) * _GH_X
+    lp = log_likelihood(likelihood, np.ones(f.shape[0]), f)[0]
+    return (_GH_W * np.exp(lp)).sum() / math.sqrt(math.pi)
 
 
 @public(likelihood=_LIKELIHOOD_SPEC, f_bar_star="(m,)", V_f_star="(m,)",
@@ -618,16 +714,16 @@ def averaged_probability(likelihood, f_bar_star, V_f_star, rule):
     """
     m = f_bar_star.shape[0]
     p = np.empty(m)
-    is_logistic = _is_logistic(likelihood)
+    average = _average_rule(likelihood)
     for i in range(m):
         fb = f_bar_star[i]
         V = max(V_f_star[i], 0.0)
         if rule == "map":
-            p[i] = sigmoid(fb) if is_logistic else std_normal_cdf(fb)
+            p[i] = _map_probability(average, likelihood, fb)
         elif rule == "average":
-            p[i] = _gaussian_average(is_logistic, fb, V)
+            p[i] = _gaussian_average(average, likelihood, fb, V)
         else:                                                 # "mackay"
-            if not is_logistic:                               # the one check no spec can make (two arguments)
+            if average != _AVERAGE_LOGISTIC:                  # the one check no spec can make (two arguments)
                 raise ValueError("rule 'mackay' is for the logistic likelihood")
             kappa = 1.0 / math.sqrt(1.0 + math.pi * V / 8.0)
             p[i] = sigmoid(kappa * fb)
@@ -2473,13 +2569,13 @@ def mcmc_predict(F, K, likelihood, K_star, k_star_star):
     var = k_star_star - (A * A).sum(axis=0)                    # k_** - k_*^T K^-1 k_*
     means = np.empty((S, m))
     pi = np.zeros(m)
-    is_logistic = _is_logistic(likelihood)
+    average = _average_rule(likelihood)
     for s in range(S):
         check_interrupt()
         u = solve_lower(L, F[s])                               # L^-1 f
         means[s] = u @ A                                       # k_*^T K^-1 f
         for j in range(m):
-            pi[j] += _gaussian_average(is_logistic, means[s, j], max(var[j], 0.0))
+            pi[j] += _gaussian_average(average, likelihood, means[s, j], max(var[j], 0.0))
     return pi / S, means
 
 
@@ -3704,7 +3800,7 @@ def show_box(name):
 
 
 _KERNELS = ("se", "ard", "kg", "kg_iso")
-_LIKELIHOODS = ("logistic", "probit", "step")
+_LIKELIHOODS = tuple(LIKELIHOODS)        # every likelihood (Part I)
 _METHODS = ("laplace", "ep", "emep")
 
 
@@ -3944,7 +4040,7 @@ def _mode_or_raise(K, y, likelihood, a_init=None, where="laplace_evidence"):
         raise _factorisation_failed(where, "laplace_mode", e, [("K", K)]) from None
 
 
-@public(kernel="{se,ard,kg,kg_iso}", likelihood="{logistic,probit}", X="X", y="(n,) pm1 nonempty", log_hyp="(p,) loghyp",
+@public(kernel="{se,ard,kg,kg_iso}", likelihood=_LIKELIHOOD_SPEC, X="X", y="(n,) pm1 nonempty", log_hyp="(p,) loghyp",
         a_init="(n,) ?", eval_gradient="bool", discrete="(d,) flags ?")
 def laplace_evidence(X, y, log_hyp, kernel="se", likelihood="logistic", a_init=None,
                      eval_gradient=True, discrete=None):
@@ -4091,7 +4187,7 @@ def evidence(X, y, log_hyp, kernel="se", likelihood="logistic", method="laplace"
     return v, g, res, (res.nu_tilde, res.tau_tilde)
 
 
-@public(kernel="{se,ard,kg,kg_iso}", likelihood="{logistic,probit,step}", method="{laplace,ep,emep}", X="X",
+@public(kernel="{se,ard,kg,kg_iso}", likelihood=_ANY_LIKELIHOOD_SPEC, method="{laplace,ep,emep}", X="X",
         y="targets", log_hyp0="loghyp_any", bounds="(p, 2) bounds ?", max_iter="count", eps="eps")
 def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_iter=200,
         method="laplace", hyp_prior=None, discrete=None, eps=0.0, ftol=None):
@@ -4478,8 +4574,8 @@ class GPClassifier:
         self.tol = tol
 
     _DEFAULT_LIKELIHOOD = {"laplace": "logistic", "ep": "probit", "emep": "step"}
-    _METHOD_LIKELIHOODS = {"laplace": ("logistic", "probit"), "ep": ("probit", "step"),
-                           "emep": ("step",)}
+    _METHOD_LIKELIHOODS = {"laplace": _LAPLACE_LIKELIHOODS, "ep": _EP_LIKELIHOODS,   # from LIKELIHOODS
+                           "emep": _EM_EP_LIKELIHOODS}
 
     # check_estimator's checks that a GP classifier cannot meet, with the reason (see the
     # class docstring); tests/test_sklearn.py passes them to scikit-learn's checks.
@@ -4829,7 +4925,8 @@ class GPClassifier:
                                                self.result_.L, self.likelihood_, self.eps_)
             if rule == "map":
                 from scipy.special import ndtr
-                P = ndtr(f_bar) if self.likelihood_ == "probit" else (f_bar > 0).astype(float)
+                noise = LIKELIHOODS[self.likelihood_].ep_noise     # EP's site: a step of f + N(0, noise)
+                P = ndtr(f_bar / math.sqrt(noise)) if noise > 0 else (f_bar > 0).astype(float)
                 p = self.eps_ + (1.0 - 2.0 * self.eps_) * P
             return p, f_bar, V
         return laplace_predict.unchecked(self.f_hat_, self.K_, self.y_train_, self.likelihood_,
@@ -4853,7 +4950,7 @@ class GPClassifier:
                 raise ValueError(f"{where}: rule must be 'average' for a multi-class model, got {rule!r}")
             p, _, _ = self._predict(X, rule, where)
             return p.T.copy()
-        if rule == "mackay" and self.likelihood_ != "logistic":
+        if rule == "mackay" and LIKELIHOODS[self.likelihood_].average != "logistic":
             raise ValueError(f"{where}: rule 'mackay' is for the logistic likelihood, got likelihood "
                              f"{self.likelihood_!r}")
         p, _, _ = self._predict(X, rule, where)
@@ -4938,7 +5035,7 @@ def exact_log_evidence_probit(K, y, releps=1e-5, abseps=1e-14, maxpts=None):
     return float(np.log(p))
 
 
-@public(kernel="{se,ard,kg,kg_iso}", likelihood="{probit,step}", X="X", y="(n,) pm1 nonempty", log_hyp="(p,) loghyp",
+@public(kernel="{se,ard,kg,kg_iso}", likelihood=_EP_LIKELIHOOD_SPEC, X="X", y="(n,) pm1 nonempty", log_hyp="(p,) loghyp",
         eval_gradient="bool", discrete="(d,) flags ?", eps="eps", tol="nonneg")
 def ep_evidence(X, y, log_hyp, kernel="se", sites=None, eval_gradient=True, discrete=None,
                 likelihood="probit", eps=0.0, tol=1e-9):
@@ -4984,7 +5081,7 @@ def multiclass_ep_evidence(X, Y, log_hyp, kernel="kg", sites=None, eval_gradient
     return res.log_Z, grad, res
 
 
-@public(K="(n, n) sym", y="(n,) pm1 nonempty", likelihood="{logistic,probit}", m="(n,)", A="(n, n) sym")
+@public(K="(n, n) sym", y="(n,) pm1 nonempty", likelihood=_LIKELIHOOD_SPEC, m="(n,)", A="(n, n) sym")
 def lower_bound(K, y, likelihood, m, A):
     """Jensen lower bound on log p(y|X) for any Gaussian q(f) = N(m, A) (K&R eq. 35).
 
@@ -5159,7 +5256,7 @@ def cross_validate(X, y, method="laplace", likelihood="probit", n_folds=10, seed
     'folds' lists the test indices of each fold.
     """
     _check_choice(method, "method", ("laplace", "ep"), "cross_validate")
-    _check_choice(likelihood, "likelihood", ("logistic", "probit"), "cross_validate")
+    _check_choice(likelihood, "likelihood", _LAPLACE_LIKELIHOODS, "cross_validate")
     if method == "ep" and likelihood != "probit":
         raise ValueError(f"cross_validate: method 'ep' needs likelihood 'probit', got likelihood={likelihood!r}")
     ctx = _Context("cross_validate")
@@ -5195,7 +5292,7 @@ def _progress(iterable, total, progress, desc):
     return tqdm(iterable, total=total, desc=desc)
 
 
-@public(X="X", kernel="{se}", likelihood="{logistic,probit,step}", method="{laplace,ep,emep}",
+@public(X="X", kernel="{se}", likelihood=_ANY_LIKELIHOOD_SPEC, method="{laplace,ep,emep}",
         n_samples="count", seed="seed", progress="bool")
 def evidence_grid(X, y, log_ell, log_sf, kernel="se", likelihood="logistic", method="laplace",
                   X_test=None, y_test=None, progress=True, n_samples=1000, seed=0, executor=None):
@@ -5413,7 +5510,7 @@ def _warn_acceptance(acc, where, what="HMC"):
                       RuntimeWarning, stacklevel=3)
 
 
-@public(X="X", kernel="{se,ard,kg,kg_iso}", log_hyp="(p,) loghyp", likelihood="{logistic,probit}", n_samples="count",
+@public(X="X", kernel="{se,ard,kg,kg_iso}", log_hyp="(p,) loghyp", likelihood=_LIKELIHOOD_SPEC, n_samples="count",
         step="positive ?", n_leapfrog="count ?", burn_in="count0", thin="count", seed="seed", sampler="{hmc,elliptical}")
 def mcmc_posterior(X, y, log_hyp, X_test=None, kernel="se", likelihood="probit", n_samples=2000,
                    step=None, n_leapfrog=None, burn_in=200, thin=1, seed=0, sampler="hmc"):
@@ -5481,7 +5578,7 @@ def autocorrelation_time(x):
     return float(max(tau, 1.0))
 
 
-@public(K="(n, n) psd nonempty", likelihood="{logistic,probit}")
+@public(K="(n, n) psd nonempty", likelihood=_LIKELIHOOD_SPEC)
 def hmc_step_size(K, likelihood):
     """A leapfrog step for HMC on whitened latents: 1.5 / sqrt(1 + w lambda_max(K)).
 
@@ -5499,7 +5596,7 @@ def hmc_step_size(K, likelihood):
     return float(step), int(n_leapfrog)
 
 
-@public(X="X", likelihood="{logistic,probit}", log_ell="grid", log_sf="grid", T="count",
+@public(X="X", likelihood=_LIKELIHOOD_SPEC, log_ell="grid", log_sf="grid", T="count",
         R="count", n_leapfrog="count", seed="seed", progress="bool")
 def ais_grid(X, y, log_ell, log_sf, likelihood="probit", T=8000, R=3, step="auto", n_leapfrog=10,
              seed=0, progress=True, executor=None):
@@ -5564,7 +5661,7 @@ def _ais_grid_point(X, y_pm, likelihood, T, R, step, n_leapfrog, log_ell_j, log_
     return lz, se, acc, ess
 
 
-@public(X="X", kernel="{se,ard,kg,kg_iso}", likelihood="{logistic,probit}", n_iter="count", n_leapfrog="count",
+@public(X="X", kernel="{se,ard,kg,kg_iso}", likelihood=_LIKELIHOOD_SPEC, n_iter="count", n_leapfrog="count",
         step="positive", seed="seed", progress="bool")
 def hmc_hyperparameters(X, y, kernel="ard", likelihood="logistic", log_hyp0=None, n_iter=200,
                         n_leapfrog=20, step=0.1, prior=(-3.0, 3.0), seed=0, progress=False):
@@ -5620,7 +5717,7 @@ def hmc_hyperparameters(X, y, kernel="ard", likelihood="logistic", log_hyp0=None
     return {"samples": samples, "log_q": log_qs, "acceptance": accepted / n_iter, "classes": classes}
 
 
-@public(X="X", kernel="{se,ard,kg,kg_iso}", likelihood="{logistic,probit}")
+@public(X="X", kernel="{se,ard,kg,kg_iso}", likelihood=_LIKELIHOOD_SPEC)
 def predict_averaged(X, y, X_test, samples, kernel="ard", likelihood="logistic"):
     """Predictive probabilities of class classes_[1] averaged over hyperparameter samples (W&B eq. 7).
 
@@ -6258,10 +6355,10 @@ import tempfile
 import threading
 from functools import lru_cache
 
-with _lasting():
+with _gc_paused_then_frozen():
     import llvmlite.binding as _llvm
     import numba
-    import scipy.linalg.cython_blas  # noqa: F401  (scipy's OpenBLAS, loaded here: see _lasting)
+    import scipy.linalg.cython_blas  # noqa: F401  (scipy's OpenBLAS, loaded here: see _gc_paused_then_frozen)
     from numba import config, types
     from numba.core import caching as _caching
     from numba.extending import get_cython_function_address, typeof_impl
@@ -6273,7 +6370,7 @@ with _lasting():
 # Every public function is called through one checked entry, declared above its body:
 #
 #     @public(returns=LaplaceMode, K="(n, n) psd", y="(n,) pm1 nonempty",
-#             likelihood="{logistic,probit}", a_init="(n,) ?0", tol="nonneg",
+#             likelihood=_LIKELIHOOD_SPEC, a_init="(n,) ?0", tol="nonneg",
 #             max_iter="count")
 #     @njit(cache=True)
 #     def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
@@ -7440,7 +7537,7 @@ def _assemble_one(fn):
     return body
 
 
-with _lasting():
+with _gc_paused_then_frozen():
     for _name, _fn in list(globals().items()):
         if inspect.isfunction(_fn) and _fn.__module__ == __name__ and (
                 hasattr(_fn, "_njit_options") or hasattr(_fn, "_public_specs")):
@@ -7461,7 +7558,7 @@ def _estimator():
     (scipy.stats, pandas), which a process that never uses the estimator does not pay."""
     with _estimator_lock:                  # one class, also when two threads ask at once
         if "GPClassifier" not in globals():
-            with _lasting(freeze=False):    # the user's objects of the moment are not frozen
+            with _gc_paused_then_frozen(freeze=False):    # the user's objects of the moment are not frozen
                 from sklearn.base import BaseEstimator, ClassifierMixin
             body = {k: v for k, v in vars(_GPClassifier).items() if k not in ("__dict__", "__weakref__")}
             globals()["GPClassifier"] = type("GPClassifier", (ClassifierMixin, BaseEstimator), body)
@@ -7503,17 +7600,18 @@ def _compile_all(paths=None, log=print):
     K = kernel_matrix("se", X, X, np.zeros(2))
 
     def binary_laplace():
-        for lik in ("logistic", "probit"):
+        for lik in _LAPLACE_LIKELIHOODS:                           # every likelihood of LIKELIHOODS
             m = GPClassifier(likelihood=lik, max_iter=3).fit(X, y)
             m.predict_proba(Xs), m.predict_proba(Xs, rule="map"), m.predict(Xs)
+            log_likelihood(lik, y, np.zeros(8))
         GPClassifier(kernel="ard", max_iter=3).fit(X, y).predict_proba(Xs)
         evidence_grid(X1, y, grid, grid, progress=False, X_test=X1[:3], y_test=y[:3])
         laplace_mode(K, y, "logistic")
-        log_likelihood("logistic", y, np.zeros(8)), logistic(y, np.zeros(8)), probit(y, np.zeros(8))
+        logistic(y, np.zeros(8)), probit(y, np.zeros(8))
         kernel_diag("se", Xs, np.zeros(2))
 
     def binary_ep():
-        for lik in ("probit", "step"):
+        for lik in _EP_LIKELIHOODS:                                # every EP site of LIKELIHOODS
             GPClassifier(method="ep", likelihood=lik, max_iter=3).fit(X, y).predict_proba(Xs)
         evidence_grid(X1, y, grid, grid, method="ep", likelihood="probit", progress=False,
                       X_test=X1[:3], y_test=y[:3])

@@ -323,9 +323,10 @@ def test_the_contents_at_the_top_give_each_box_its_function_and_line():
 
 
 def test_no_likelihood_name_falls_through_in_the_compiled_functions():
-    """Part I branches on a likelihood's name only in log_likelihood, _is_logistic and _ep_noise
-    (the others ask them), which refuse a name they do not know: a name that gets past the checks
-    (an unchecked call) is refused, never run as logistic, probit or step."""
+    """Part I compares a likelihood's name only in log_likelihood and _likelihood_row (the row of
+    LIKELIHOODS; _w_max, _ep_noise and _average_rule read it), which refuse a name they do not
+    know: a name that gets past the checks (an unchecked call) is refused, never run as logistic,
+    probit or step, and a likelihood without what a function needs (EP's site, log p) too."""
     import ast as ast_module
     source = open(gpclab.__file__, encoding="utf-8").read()
     part_one = source[:source.index("# PART II. USING IT")]
@@ -336,7 +337,7 @@ def test_no_likelihood_name_falls_through_in_the_compiled_functions():
                 if (isinstance(sub, ast_module.Compare) and isinstance(sub.left, ast_module.Name)
                         and sub.left.id == "likelihood"):
                     branching.add(node.name)
-    assert branching == {"log_likelihood", "_is_logistic", "_ep_noise"}, branching
+    assert branching == {"log_likelihood", "_likelihood_row"}, branching
     from test_transcriptions import binary_problem
 
     X, y, K, K_star, kss = binary_problem(3, 8)
@@ -352,5 +353,10 @@ def test_no_likelihood_name_falls_through_in_the_compiled_functions():
         (gpclab.ep_predict, (np.zeros(8), np.ones(8), K, K_star, kss), {"likelihood": "toy"}),
     ]
     for fn, args, kwargs in calls:
-        with pytest.raises(ValueError, match="likelihood must be"):
+        with pytest.raises(ValueError, match="gpclab.LIKELIHOODS"):
+            fn.unchecked(*args, **kwargs)
+    for fn, args, kwargs in [(gpclab.ep, (K, y), {"likelihood": "logistic"}),    # no EP site
+                             (gpclab.hmc_latent, (K, y, "step", 5), {}),         # no log p
+                             (gpclab.averaged_probability, ("step", np.zeros(3), np.ones(3), "map"), {})]:
+        with pytest.raises(ValueError, match="gpclab.LIKELIHOODS"):
             fn.unchecked(*args, **kwargs)
