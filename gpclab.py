@@ -3967,6 +3967,23 @@ def data_log_hyp(kernel, X, y):
     return np.concatenate([[np.log(sf2), np.log(1.0 + b2), np.log(1e-3)], w])
 
 
+def _warn_mixed_units(X, kernel, discrete, where):
+    """Warn when an isotropic kernel ('se', 'kg_iso') meets inputs whose spreads differ by more than
+    100 times: one length-scale then measures distance in the largest unit and the other inputs
+    barely count (ML-II cannot fix that; 'ard' gives each input its own length-scale)."""
+    if kernel not in ("se", "kg_iso") or X.shape[1] < 2:
+        return
+    keep = ~np.asarray(discrete, dtype=bool) if discrete is not None else np.ones(X.shape[1], bool)
+    r = _column_spread(X)[keep]
+    r = r[r > 0]
+    if r.size >= 2 and r.max() > 100.0 * r.min():
+        warnings.warn(f"{where}: the inputs' spreads differ by {r.max() / r.min():.3g} times (median "
+                      f"distances {r.min():.3g} to {r.max():.3g}), and kernel {kernel!r} has one "
+                      f"length-scale for all of them, so the inputs of small spread barely count: "
+                      f"standardise X (sklearn.preprocessing.StandardScaler, e.g. in a Pipeline) or use "
+                      f"kernel='ard' (one length-scale per input)", RuntimeWarning, stacklevel=4)
+
+
 def _trivial_plateau(value, y):
     """True if an approximate log evidence is the flat n log(1/C) of K ~ 0 or a tiny length-scale."""
     C, n = (y.shape[0], y.shape[1]) if np.ndim(y) == 2 else (2, len(y))
@@ -3976,7 +3993,9 @@ def _trivial_plateau(value, y):
 
 _PLATEAU_MSG = ("ended on the trivial plateau of the evidence, n log(1/C) = {v0:.4f}, where K is ~ 0 or "
                 "diagonal (a tiny length-scale) and the gradient vanishes: the fit ignores the inputs. "
-                "Start from data_log_hyp(kernel, X, y) (GPClassifier's default) or use restarts")
+                "Check that the inputs vary and carry the classes (a constant X, a handful of points, "
+                "or a continuous input declared discrete end here), then try restarts (n_restarts) or "
+                "another start (log_hyp); data_log_hyp(kernel, X, y) is GPClassifier's default start")
 
 
 def default_bounds(kernel, d, X=None):
@@ -4739,6 +4758,7 @@ class GPClassifier:
                 raise ValueError("GPClassifier.fit: multi-class EP has one covariance function for all "
                                  "classes (K&G 38): shared_hyp must be True")
         discrete = _named_errors("GPClassifier.fit", discrete_flags, self.discrete, d)
+        _warn_mixed_units(X, kernel, discrete, "GPClassifier.fit")
         per_class = multiclass and method == "laplace" and not self.shared_hyp
         y_t = one_hot(idx, C) if multiclass else np.where(idx == 1, 1.0, -1.0)
         rng, seed = self._random()
@@ -4818,8 +4838,10 @@ class GPClassifier:
         _warn_not_converged(res, "GPClassifier.fit", None if multiclass else K, likelihood, stacklevel=4)
         if emep is not None and not emep.converged:
             warnings.warn(f"GPClassifier.fit: EM-EP did not converge in {emep.n_iter} rounds "
-                          f"(tol {self.tol}); the last hyperparameters are used", RuntimeWarning,
-                          stacklevel=3)
+                          f"(tol {self.tol}); the last hyperparameters are used. EM-EP's rounds can "
+                          f"creep up the evidence slowly: raise max_iter (e.g. max_iter="
+                          f"{5 * max(int(self.max_iter), 1)}) or tol, or use method='ep' (ML-II on the "
+                          f"same log Z_EP)", RuntimeWarning, stacklevel=3)
         # every fitted attribute is set here, at the end: a fit that fails leaves none
         self.kernel_, self.likelihood_, self.multiclass_, self.discrete_ = kernel, likelihood, multiclass, discrete
         self.seed_ = seed

@@ -85,3 +85,24 @@ def test_start_and_bounds_follow_each_input():
     x = np.array([0.0, 1.0, 3.0, 7.0])
     Z = np.column_stack([x, 1e6 * x, np.ones(4)])
     np.testing.assert_allclose(gpclab._column_spread(Z), [3.5, 3.5e6, 0.0])
+
+
+@pytest.mark.parametrize("kernel", ["se", "kg_iso"])
+def test_an_isotropic_kernel_on_inputs_in_different_units_warns(kernel):
+    """One length-scale cannot serve inputs whose spreads differ 1e4 times: the fit says so and names
+    the two ways out; inputs in one unit, 'ard', and a single input do not warn."""
+    X, y, _ = problem()
+    method = "emep" if kernel == "kg_iso" else "laplace"
+    with pytest.warns(RuntimeWarning, match=r"spreads differ by .*StandardScaler.*kernel='ard'"):
+        gpclab.GPClassifier(method=method, kernel=kernel, optimize=False).fit(X * [100.0, 0.01, 1.0], y)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gpclab.GPClassifier(kernel="se", optimize=False).fit(X * 1e4, y)             # all in one unit
+        gpclab.GPClassifier(kernel="ard", optimize=False).fit(X * [100.0, 0.01, 1.0], y)
+        gpclab.GPClassifier(kernel="se", optimize=False).fit(X[:, :1] * 1e-3, y)
+    # a discrete input is compared for equality, not distance: its spread does not count
+    Xd = np.column_stack([X[:, :2], np.repeat([0.0, 1000.0], 30)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gpclab.GPClassifier(kernel="se", optimize=False, discrete=[2]).fit(Xd, y)
