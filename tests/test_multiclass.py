@@ -335,3 +335,73 @@ def test_load_usps_reads_the_mat_format(tmp_path):
         gpclab.load_usps(str(tmp_path / "bad.mat"))
     with pytest.raises(ValueError, match="does not exist"):
         gpclab.load_usps(str(tmp_path / "missing.mat"))
+
+
+# --- multi-class EP (K&G 4.2): predictions and the gradient of log Z_EP ----------------------
+
+
+def _ep_problem(seed, J=5, n=30, d=2):
+    r = np.random.default_rng(seed)
+    X = r.standard_normal((n, d))
+    idx = np.argmax(X @ r.standard_normal((d, J)) + 0.7 * r.standard_normal((n, J)), axis=1)
+    Y = gpclab.one_hot(idx, J)
+    h = gpclab.default_log_hyp("kg", X)
+    C = gpclab.kernel_matrix("kg", X, X, h)
+    return X, Y, h, C, gpclab.ep_multiclass(C, Y, None, None, 1e-12, 500)
+
+
+def _dense_predictive(C, Y, res, Ks, kss, t):
+    """Mean and covariance of the J test latents by explicit inverses: q(g) = N(Sigma nu~, Sigma),
+    Sigma = (Kg^-1 + S~)^-1, and f_* | g Gaussian from the joint prior (K&G 43, 50)."""
+    J = Y.shape[0]
+    yc, case, cls = gpclab.difference_index(Y)
+    Kg = gpclab.difference_covariance(C, Y)
+    Kgi = np.linalg.inv(Kg)
+    Sig = np.linalg.inv(Kgi + np.diag(res.tau_tilde))
+    A = np.array([[int(c == yc[case[a]]) - int(c == cls[a]) for c in range(J)] for a in range(len(case))]) \
+        * Ks[case, t][:, None]                                # Cov(g, f_*)
+    return A.T @ Kgi @ Sig @ res.nu_tilde, kss[t] * np.eye(J) - A.T @ Kgi @ A + A.T @ Kgi @ Sig @ Kgi @ A
+
+
+@pytest.mark.parametrize("J", [4, 5])
+def test_ep_multiclass_predictions_sum_to_one_and_agree_with_scipy(J):
+    """f_bar_* and V_* against explicit inverses; p(y_* = c) against scipy's multivariate normal cdf
+    (Genz's algorithm in scipy, an independent implementation) of the J - 1 differences
+    f_*^c - f_*^l > 0, within its tolerance and four of gpclab's standard errors; every column
+    of p sums to 1 to 1e-12 (gpclab normalises the J estimates, which partition the space)."""
+    from scipy.stats import multivariate_normal
+    X, Y, h, C, res = _ep_problem(J, J)
+    Xs = np.random.default_rng(7).standard_normal((6, 2)) * 1.3
+    Ks, kss = gpclab.kernel_matrix("kg", X, Xs, h), gpclab.kernel_diag("kg", Xs, h)
+    p, f_bar, V, label = gpclab.ep_predict_multiclass(res.nu_tilde, res.tau_tilde, C, Y, Ks, kss)
+    p2, _, _, _, se = gpclab._ep_predict_multiclass(res.nu_tilde, res.tau_tilde, C, Y, Ks, kss, res.L, 128, 0)
+    np.testing.assert_allclose(p, p2, rtol=1e-8)              # L given or formed again
+    np.testing.assert_allclose(p.sum(axis=0), 1.0, rtol=0, atol=1e-12)
+    for t in range(Xs.shape[0]):
+        mean, cov = _dense_predictive(C, Y, res, Ks, kss, t)
+        np.testing.assert_allclose(f_bar[:, t], mean, rtol=1e-7, atol=1e-9)
+        np.testing.assert_allclose(V[t], cov, rtol=1e-7, atol=1e-9)
+        for c in range(J):
+            D = -np.delete(np.eye(J), c, axis=0)
+            D[:, c] = 1.0                                     # rows e_c - e_l, l != c
+            ref = multivariate_normal(-D @ mean, D @ cov @ D.T, abseps=1e-7, releps=1e-7,
+                                      maxpts=2_000_000).cdf(np.zeros(J - 1))
+            assert abs(p[c, t] - ref) < 2e-6 + 4 * se[c, t] + 4 * se[:, t].sum(), (t, c, p[c, t], ref)
+    np.testing.assert_array_equal(label, np.argmax(f_bar, axis=0))
+
+
+def test_ep_multiclass_gradient_is_eq31_and_the_slope_of_log_Z():
+    """multiclass_ep_evidence's gradient from the sites (b b^T - R) equals eq. 31 with q(g) from
+    em_ep_grad_multiclass (to rounding), and central differences of log Z_EP."""
+    X, Y, h, C, res = _ep_problem(3, J=4, n=20)
+    _, g, _ = gpclab.multiclass_ep_evidence(X, Y, h, "kg", None, True, None, 1e-12)
+    g31 = gpclab.em_ep_grad_multiclass(C, Y, X, "kg", h, res.mu, res.Sigma)[1]
+    np.testing.assert_allclose(g, g31, rtol=1e-8, atol=1e-10)
+    e = 1e-5
+    for j in range(h.size):
+        hp, hm = h.copy(), h.copy()
+        hp[j] += e
+        hm[j] -= e
+        fd = (gpclab.multiclass_ep_evidence(X, Y, hp, "kg", None, False, None, 1e-13)[0]
+              - gpclab.multiclass_ep_evidence(X, Y, hm, "kg", None, False, None, 1e-13)[0]) / (2 * e)
+        assert g[j] == pytest.approx(fd, rel=1e-4, abs=1e-6)
