@@ -44,6 +44,9 @@ STOP_NAMES = ("TimeLimitExceeded", "NotRun", "MemoryLimitExceeded", "KernelDied"
 
 # ---- in the worker ------------------------------------------------------------------------------
 _worker = {}
+# nbgrader's apps are not thread-safe: a worker process (a dask worker may run several threads)
+# grades one submission at a time
+_JOB = threading.Lock()
 
 
 def _setup_worker(course):
@@ -65,22 +68,23 @@ def _setup_worker(course):
 
     lock_path = os.path.join(course, "gradebook.db.lock")
     state = {"depth": 0, "fh": None}
-    guard = threading.RLock()
+    guard = threading.Lock()       # this process grades one submission at a time (_JOB), so a
+                                   # count of the open Gradebooks is enough here
 
     def acquire():
-        guard.acquire()
-        if state["depth"] == 0:
-            state["fh"] = open(lock_path, "a")
-            fcntl.flock(state["fh"], fcntl.LOCK_EX)
-        state["depth"] += 1
+        with guard:
+            if state["depth"] == 0:
+                state["fh"] = open(lock_path, "a")
+                fcntl.flock(state["fh"], fcntl.LOCK_EX)
+            state["depth"] += 1
 
     def release():
-        state["depth"] -= 1
-        if state["depth"] == 0:
-            fcntl.flock(state["fh"], fcntl.LOCK_UN)
-            state["fh"].close()
-            state["fh"] = None
-        guard.release()
+        with guard:
+            state["depth"] -= 1
+            if state["depth"] == 0:
+                fcntl.flock(state["fh"], fcntl.LOCK_UN)
+                state["fh"].close()
+                state["fh"] = None
 
     init, close = api.Gradebook.__init__, api.Gradebook.close
 
@@ -110,6 +114,11 @@ def _setup_worker(course):
 def grade_one(course, assignment, student, nbgrader_args=()):
     """nbgrader autograde ASSIGNMENT --student=STUDENT --force, in this process; returns what the
     summary needs."""
+    with _JOB:
+        return _grade_one(course, assignment, student, nbgrader_args)
+
+
+def _grade_one(course, assignment, student, nbgrader_args):
     setup = _setup_worker(course)
     from nbgrader.apps import AutogradeApp
 
@@ -117,7 +126,10 @@ def grade_one(course, assignment, student, nbgrader_args=()):
     log_dir = os.path.join(course, "grading_logs", assignment)
     os.makedirs(log_dir, exist_ok=True)
     log_path = os.path.join(log_dir, f"{student}.log")
-    handler = logging.FileHandler(log_path, mode="w")
+    open(log_path, "w").close()
+    # appends: traitlets closes the app's handlers when it configures logging, and a closed
+    # handler reopens its file only in append mode
+    handler = logging.FileHandler(log_path, mode="a")
     handler.setFormatter(logging.Formatter("[%(name)s | %(levelname)s] %(message)s"))
     app = AutogradeApp()
     code = 0
@@ -201,6 +213,8 @@ def _executor(jobs_n, dask):
         from distributed import Client
 
         client = Client(dask)
+        # workers import this module by name (functions pickled by reference, one state per worker)
+        client.upload_file(os.path.join(HERE, "grade.py"))
         return client.get_executor(), client
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -234,7 +248,12 @@ def run(course, assignments, jobs_n=None, students=None, force=False, dask=None,
         bar = tqdm(total=len(jobs), unit="submission", disable=not progress, file=sys.stderr,
                    dynamic_ncols=True)
         try:
-            futures = {pool.submit(grade_one, course, a, s, tuple(nbgrader_args)): (a, s) for a, s in jobs}
+            # grade_one from the module `grade` (not __main__), which workers import by name
+            if HERE not in sys.path:
+                sys.path.insert(0, HERE)
+            import grade as module
+
+            futures = {pool.submit(module.grade_one, course, a, s, tuple(nbgrader_args)): (a, s) for a, s in jobs}
             for fut in as_completed(futures):
                 a, s = futures[fut]
                 try:
