@@ -311,7 +311,7 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Options after -- are passed to nbgrader autograde.")
     p.add_argument("assignments", nargs="*", help="assignment names (or --all)")
-    p.add_argument("--all", action="store_true", help="every assignment in source/")
+    p.add_argument("--all", action="store_true", help="every assignment (of source/) with a submission")
     p.add_argument("-j", "--jobs", type=int, default=None, help="worker processes (default: the number of cores)")
     p.add_argument("--dask", metavar="ADDRESS", help="grade on a dask.distributed cluster (scheduler address)")
     p.add_argument("--student", action="append", help="only this student (repeatable)")
@@ -322,10 +322,12 @@ def main(argv=None):
     course = os.path.abspath(args.course)
     assignments = args.assignments
     if args.all:
+        # every assignment of source/ that someone has submitted
+        submitted = {os.path.basename(d) for d in glob.glob(os.path.join(course, "submitted", "*", "*"))}
         assignments = sorted(os.path.basename(d) for d in glob.glob(os.path.join(course, "source", "*"))
-                             if os.path.isdir(d))
+                             if os.path.isdir(d) and os.path.basename(d) in submitted)
     if not assignments:
-        p.error("name an assignment, or --all")
+        p.error("name an assignment, or --all" + (" (nothing is submitted yet)" if args.all else ""))
     if args.jobs is not None and args.jobs < 1:
         p.error(f"-j/--jobs must be at least 1, got {args.jobs}")
     results = run(course, assignments, args.jobs, args.student, args.force, args.dask, extra,

@@ -276,21 +276,33 @@ def _output_text(out):
     return "\n".join(p if isinstance(p, str) else "".join(p) for p in parts)
 
 
+def _has(text, fragments):
+    text = _normal(text)
+    return any(f in text for f in fragments)
+
+
 def scrub_outputs(nb, fragments):
-    """Replace every output that contains a hidden-test fragment; returns how many."""
+    """Replace every output that contains a hidden-test fragment; returns how many.
+
+    The traceback of a failed test cell shows the test's own code; it stays for the instructor
+    (feedback shows only the error's name and message for test cells), and only a message that
+    repeats hidden code is replaced. Elsewhere a traceback that repeats hidden code goes too."""
     count = 0
     if not fragments:
         return 0
     for cell in nb.cells:
+        test_cell = utils.is_grade(cell) and not utils.is_solution(cell)
         for k, out in enumerate(cell.get("outputs", [])):
-            text = _normal(_output_text(out))
-            if not any(f in text for f in fragments):
-                continue
-            count += 1
             if out.get("output_type") == "error":
-                out["evalue"] = HIDDEN_NOTICE
-                out["traceback"] = [f"{out.get('ename', 'Error')}: {HIDDEN_NOTICE}"]
-            else:
+                evalue = _has(out.get("evalue", ""), fragments)
+                trace = not test_cell and _has("\n".join(out.get("traceback", [])), fragments)
+                if evalue:
+                    out["evalue"] = HIDDEN_NOTICE
+                if evalue or trace:
+                    count += 1
+                    out["traceback"] = [f"{out.get('ename', 'Error')}: {out['evalue']}"]
+            elif _has(_output_text(out), fragments):
+                count += 1
                 cell.outputs[k] = NotebookNode(output_type="stream", name="stdout", text=HIDDEN_NOTICE + "\n")
     return count
 
