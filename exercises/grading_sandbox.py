@@ -39,6 +39,7 @@ in isolation (e.g. a container per submission) opts out in nbgrader_config.py wi
 import asyncio
 import copy
 import importlib.util
+import io
 import math
 import os
 import re
@@ -46,6 +47,7 @@ import shutil
 import sys
 import tempfile
 import time
+import tokenize
 
 from jupyter_client.manager import AsyncKernelManager
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -230,7 +232,6 @@ class SandboxedKernelManager(AsyncKernelManager):
 STOPPED, NOT_RUN, MEMORY = "TimeLimitExceeded", "NotRun", "MemoryLimitExceeded"
 HIDDEN_NOTICE = "[removed from the feedback: this output repeated code of a hidden test]"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_STRING_LINE = re.compile(r"""^[rRbBfFuU]{0,2}["']""")
 
 
 def _normal(text):
@@ -239,11 +240,28 @@ def _normal(text):
     return re.sub(r"[^0-9a-z]", "", _ANSI.sub("", text).lower())
 
 
+def _code_segments(line):
+    """The parts of a line of code between its string literals (a message printed as it is meant
+    to be is no leak; the code around it is)."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(line.strip() + "\n").readline))
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return [] if ('"' in line or "'" in line) else [line]
+    segments, current = [], []
+    for tok in tokens:
+        if tok.type == tokenize.STRING or tok.type == getattr(tokenize, "FSTRING_START", -1):
+            segments.append(" ".join(current))
+            current = []
+        elif tok.type not in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER, tokenize.COMMENT):
+            current.append(tok.string)
+    segments.append(" ".join(current))
+    return segments
+
+
 def hidden_fragments(nb, min_chars=16):
-    """The lines of the notebook's hidden tests that could identify them (normalised, at least
-    `min_chars` letters and digits), less those that also appear outside the hidden tests (the
-    released text is no secret) and lines that are only a string (a message printed as it is
-    meant to be)."""
+    """The pieces of code of the notebook's hidden tests that could identify them: each line's
+    code between its string literals, normalised, of at least `min_chars` letters and digits,
+    less those that also appear outside the hidden tests (the released text is no secret)."""
     hidden, visible = [], []
     begin, end = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
     for cell in nb.cells:
@@ -260,12 +278,12 @@ def hidden_fragments(nb, min_chars=16):
     seen = "\n".join(_normal(v) for v in visible)
     out = set()
     for line in hidden:
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#") or _STRING_LINE.match(stripped):
+        if not line.strip() or line.strip().startswith("#"):
             continue
-        frag = _normal(stripped)
-        if len(frag) >= min_chars and frag not in seen:
-            out.add(frag)
+        for segment in _code_segments(line):
+            frag = _normal(segment)
+            if len(frag) >= min_chars and frag not in seen:
+                out.add(frag)
     return sorted(out)
 
 
