@@ -408,7 +408,9 @@ class SandboxedExecute(Execute):
         return None if t == math.inf else max(1, int(math.ceil(t)))
 
     def _memory_gib(self):
-        return getattr(self.km, "memory_limit_gib", 0) or 0
+        if self.km is not None:              # None once a kernel is killed: keep what it had
+            self._gib = getattr(self.km, "memory_limit_gib", 0) or 0
+        return getattr(self, "_gib", 0)
 
     def preprocess_cell(self, cell, resources, index):
         self._check_assign_resources(resources)
@@ -448,8 +450,8 @@ class SandboxedExecute(Execute):
             cell.outputs.append(self._stopped(timeout, killed=True))
             return "lost"
         except DeadKernelError:
-            self._kill_kernel()
             gib = self._memory_gib()
+            self._kill_kernel()
             limit = f" (or exceeded its memory limit of {_gib(gib)})" if gib else ""
             cell.outputs = [o for o in cell.get("outputs", []) if o.get("output_type") != "error"]
             cell.outputs.append(_error(MEMORY if gib else "KernelDied", f"the kernel died while this cell ran{limit}"))
