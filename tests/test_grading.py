@@ -173,6 +173,22 @@ def test_resume_grades_only_what_is_left(toy):
     assert "1 submission(s) to grade" in again.stdout and "graded 1, failed 0" in again.stdout, again.stdout
 
 
+def test_notebook_budget_stops_the_last_part(toy):
+    """Each cell within its limit, but together over the notebook's budget: the cell running when
+    the budget is used up is stopped, the parts before keep their points."""
+    course, env = toy["course"], toy["env"]
+    T.submit(course, "slow", {"partA_answer": "import time\ndef add(a, b):\n    time.sleep(1)\n    return a + b",
+                              "partB_answer": "def mul(a, b):\n    time.sleep(1)\n    return a * b",
+                              "partC_answer": "def neg(a):\n    time.sleep(5)\n    return -a"})
+    out = _grade(course, env, "toy", "--student", "slow", "--no-progress", "--",
+                 "--Execute.timeout=10", "--SandboxedExecute.submission_timeout=12")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert T.grades(course, "slow") == {"partA_works": 1, "partB_works": 1, "partC_works": 0}
+    msg = T.outputs(course, "slow", "partC_works")
+    assert "TimeLimitExceeded" in msg and "the notebook's time budget" in msg, msg
+    shutil.rmtree(os.path.join(course, "submitted", "slow"))
+
+
 def test_bad_arguments_are_refused(toy):
     out = _grade(toy["course"], toy["env"], "toy", "-j", "0")
     assert out.returncode != 0 and "-j/--jobs must be at least 1" in out.stderr
