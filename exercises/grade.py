@@ -253,6 +253,7 @@ def run(course, assignments, jobs_n=None, students=None, force=False, dask=None,
                 sys.path.insert(0, HERE)
             import grade as module
 
+            futures = {}
             futures = {pool.submit(module.grade_one, course, a, s, tuple(nbgrader_args)): (a, s) for a, s in jobs}
             for fut in as_completed(futures):
                 a, s = futures[fut]
@@ -267,8 +268,10 @@ def run(course, assignments, jobs_n=None, students=None, force=False, dask=None,
                                 stopped=sum(bool(r["stopped"]) for r in results), refresh=False)
         except KeyboardInterrupt:
             bar.close()
-            print("\ninterrupted: run the same command again to grade what is left", file=out)
-            pool.shutdown(wait=False, cancel_futures=True)
+            print("\ninterrupted: the submissions being graded finish, the others wait; run the same "
+                  "command again to grade what is left", file=out)
+            for fut in futures:
+                fut.cancel()                 # those not started yet
             raise
         finally:
             bar.close()

@@ -173,6 +173,38 @@ def test_resume_grades_only_what_is_left(toy):
     assert "1 submission(s) to grade" in again.stdout and "graded 1, failed 0" in again.stdout, again.stdout
 
 
+def test_interrupted_run_resumes(toy):
+    """A run stopped by SIGINT after its first graded submission, then started again, grades only
+    what is left, and every submission ends up graded as before."""
+    import signal
+    import time
+
+    course, env = toy["course"], toy["env"]
+    before = {s: T.grades(course, s) for s in EXPECTED}
+    for s in EXPECTED:                                   # nothing graded yet
+        shutil.rmtree(os.path.join(course, "autograded", s, "toy"))
+    proc = subprocess.Popen([sys.executable, "grade.py", "toy", "-j", "1", "--no-progress", "--", *LIMITS],
+                            cwd=course, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.time()
+    while time.time() - t0 < 300:
+        graded = [s for s in EXPECTED if os.path.exists(os.path.join(course, "autograded", s, "toy", "toy.ipynb"))]
+        if graded or proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None and graded, "the run ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode != 0 and "interrupted" in out, out + err
+    at_stop = [s for s in EXPECTED if os.path.exists(os.path.join(course, "autograded", s, "toy", "toy.ipynb"))]
+    assert len(at_stop) < len(EXPECTED), (at_stop, out, err[-3000:])
+    again = _grade(course, env, "toy", "-j", "2", "--no-progress", "--", *LIMITS)
+    assert again.returncode == 0, again.stdout + again.stderr
+    m = re.search(r"(\d+) submission\(s\) to grade \((\d+) graded already", again.stdout)
+    assert m and int(m.group(2)) >= 1 and int(m.group(1)) + int(m.group(2)) == len(EXPECTED), again.stdout
+    assert int(m.group(1)) >= 1, again.stdout          # something was left to grade
+    assert {s: T.grades(course, s) for s in EXPECTED} == before
+
+
 def test_notebook_budget_stops_the_last_part(toy):
     """Each cell within its limit, but together over the notebook's budget: the cell running when
     the budget is used up is stopped, the parts before keep their points."""
