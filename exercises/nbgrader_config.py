@@ -23,9 +23,13 @@ c = get_config()  # noqa: F821  (provided by nbgrader)
 c.CourseDirectory.course_id = "gpclab"
 # an absolute root: a relative one makes every command warn "root '.' is not absolute"
 c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
-# numba compiles gpclab's functions at their first call in a fresh environment (up to a minute
-# each on a slow machine): allow for it per cell
-c.Execute.timeout = 600
+# Bounds of a graded notebook (grading_sandbox.py): a cell that runs longer than Execute.timeout
+# seconds is stopped and scores 0 (a warm numba cache, `gpclab compile`, keeps every cell of a
+# correct answer to a few seconds); all cells together get SandboxedExecute.submission_timeout
+# seconds; each kernel may use SandboxedKernelManager.memory_limit_gib of memory.
+c.Execute.timeout = 60
+c.SandboxedExecute.submission_timeout = 300
+c.SandboxedKernelManager.memory_limit_gib = 2.0
 c.Execute.kernel_name = "python3"
 # nbgrader 0.9 with SQLAlchemy 2 warns "Object of type <Submitted...> not in session" while it
 # records a submission; the gradebook is written correctly, so the warning is only noise

@@ -328,6 +328,12 @@ def _error(course, assignment, student, grade_id):
     ("ex3_10_4", "mistake_signed_gap", "partC_gap", "signed difference", "np.float64"),
     ("ex3_10_6", "mistake_map_predictions", "partB_predictions", "MAP predictions", "accurately"),
     ("ex3_10_6", "mistake_coarse_quadrature", "partB_predictions", "1e-4", "MAP"),
+    ("ex3_10_2", "mistake_signed_residual", "partC_null_residual", "ABSOLUTE", "class-major"),
+    ("ex3_10_3", "mistake_cholesky_sampling", "partA_average", "your averaged_softmax (Part A) raised LinAlgError",
+     "np.float64"),
+    ("ex3_10_3", "mistake_cholesky_sampling", "partA_average", "method='eigh'", "Part B"),
+    ("ex3_10_5", "mistake_tau_and_nu_swapped", "partA_posterior", "Part A, posterior: Sigma", "np.float64"),
+    ("ex3_10_5", "mistake_tau_and_nu_swapped", "partA_posterior", "expected [", "although Sigma agrees"),
 ])
 def test_messages_name_the_mistake(graded, assignment, student, grade_id, says, not_says):
     """A failed test's message names what went wrong, and not a mistake the student did not make."""
@@ -381,6 +387,8 @@ def test_swapped_in_references_have_the_documented_signature(assignment):
     ("ex3_10_2", "case_major_order", "B"),
     ("ex3_10_4", "K_W_instead_of_W_K", "A"),
     ("ex3_10_5", "tau_and_nu_swapped", "A"),
+    ("ex3_10_4", "part_a_unfinished", "A"),
+    ("ex3_10_5", "posterior_unfinished", "A"),
 ])
 def test_students_own_run_points_at_the_earlier_part(graded, assignment, mistake, part):
     """Run as a student runs it (visible tests only, no reference swapped in), a mistake in an
@@ -403,5 +411,23 @@ def test_students_own_run_points_at_the_earlier_part(graded, assignment, mistake
     own = {g for g in failed if g.startswith(f"part{part}_")}
     later = {g: m for g, m in failed.items() if g not in own}
     assert own, f"{mistake} passes its own part's visible tests"
+    if "unfinished" in mistake:
+        assert later, f"{mistake}: no later part calls the unfinished function in a student's own run"
     for gid, msg in later.items():
         assert f"Part {part}" in msg and "first" in msg, (gid, msg)
+        if "unfinished" in mistake:
+            assert "not finished (NotImplementedError)" in msg, (gid, msg)
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_released_test_cells_print_nothing(graded, assignment):
+    """A released test cell ends in a statement, not an expression: a cell whose hidden tests were
+    removed and that ends in its title string would print it, and `nbgrader validate` warns "cannot
+    be converted to a float" for every such cell."""
+    course, _ = graded
+    for path in glob.glob(str(course / "release" / assignment / "*.ipynb")):
+        for c in nbformat.read(path, as_version=4).cells:
+            if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade"):
+                body = ast.parse(c.source).body
+                assert not body or not isinstance(body[-1], ast.Expr), (
+                    c.metadata["nbgrader"]["grade_id"], c.source[:120])

@@ -71,4 +71,15 @@ def softmax_W(pi):
 def psd_not_pd(W, C, n):
     return np.linalg.eigvalsh(W).min(), np.abs(W @ np.ones(C * n)).max()
 '''}),
+    # the largest signed entry of W v_i instead of the largest absolute one
+    "signed_residual": ({"partC_null_residual"}, {"partC_answer": '''
+def psd_not_pd(W, C, n):
+    smallest = np.linalg.eigvalsh(W).min()
+    residual = 0.0
+    for i in range(n):
+        v = np.zeros((C, n))
+        v[:, i] = 1.0
+        residual = max(residual, (W @ v.ravel()).max())
+    return smallest, residual
+'''}),
 }

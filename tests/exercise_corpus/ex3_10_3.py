@@ -101,4 +101,14 @@ def z_covariance(cov_f):
 def region(z):
     return int(np.argmax([0.0, z[0], z[1]])) + 1
 '''}),
+    # a Cholesky factor of the covariance: fails (LinAlgError) on the singular covariances
+    "cholesky_sampling": ({"partA_average"}, {"partA_answer": '''
+def averaged_softmax(mean, cov, n_samples, seed):
+    rng = np.random.default_rng(seed)
+    L = np.linalg.cholesky(cov)
+    F = mean + rng.standard_normal((n_samples, len(mean))) @ L.T
+    F = F - F.max(axis=1, keepdims=True)
+    E = np.exp(F)
+    return (E / E.sum(axis=1, keepdims=True)).mean(axis=0)
+'''}),
 }

@@ -106,4 +106,21 @@ def partition_gap(K, W, grad, f, idx1, scale):
     gs[idx2] *= scale
     return np.max(newton_update_partitioned(K, Ws, gs, f, idx1) - newton_update_full(K, Ws, gs, f))
 '''}),
+    # Part A unfinished; a valid Part B and Part C built on newton_update_full
+    "part_a_unfinished": ({"partA_newton_step", "partA_general"}, {"partA_answer": '''
+def newton_update_full(K, W, grad, f):
+    # YOUR CODE HERE
+    raise NotImplementedError()
+''', "partB_answer": '''
+def newton_update_partitioned(K, W, grad, f, idx1):
+    n = K.shape[0]
+    idx1 = np.asarray(idx1)
+    idx2 = np.setdiff1d(np.arange(n), idx1)
+    K11 = K[np.ix_(idx1, idx1)]
+    f1 = newton_update_full(K11, W[idx1], grad[idx1], f[idx1])      # (3.89)'s first line is (3.18) on set 1
+    out = np.empty(n)
+    out[idx1] = f1
+    out[idx2] = K[np.ix_(idx2, idx1)] @ np.linalg.solve(K11, f1)
+    return out
+'''}),
 }

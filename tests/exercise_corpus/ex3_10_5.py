@@ -112,4 +112,16 @@ def cavity_and_marginal_after_change(K, tau_tilde, nu_tilde, i, tau_i, nu_i):
     m, s2 = cavity_from_posterior(Sigma, mu, tau_tilde, nu_tilde, i)
     return m, s2, mu[i], Sigma[i, i]
 '''}),
+    # posterior unfinished (cavity_from_posterior done); Part B's cavity_from_other_sites calls posterior
+    "posterior_unfinished": ({"partA_posterior"}, {"partA_answer": '''
+def posterior(K, tau_tilde, nu_tilde):
+    # YOUR CODE HERE
+    raise NotImplementedError()
+
+
+def cavity_from_posterior(Sigma, mu, tau_tilde, nu_tilde, i):
+    tau_cav = 1.0 / Sigma[i, i] - tau_tilde[i]
+    nu_cav = mu[i] / Sigma[i, i] - nu_tilde[i]
+    return nu_cav / tau_cav, 1.0 / tau_cav
+'''}),
 }

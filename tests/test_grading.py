@@ -1,0 +1,375 @@
+"""Grading a course: exercises/grade.py (parallel autograde) and the bounds and seal of
+exercises/grading_sandbox.py.
+
+A small course (tests/grading_toy.py: the shipped configuration, one quick assignment of three
+parts with hidden tests) is graded once with `python grade.py toy -j 2`, with short limits (5 s a
+cell, 0.5 GiB), for a correct submission and hostile ones: a loop, a loop that ignores SIGINT, a
+memory hog, three that read the calling hidden test (IPython's history, the caller's frame,
+`inspect` on the frame) and print it or write it to a file, and one that reports its environment.
+The parallel grading of real assignments is compared with serial `nbgrader autograde`.
+"""
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import warnings
+
+import nbformat
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import grading_toy as T  # noqa: E402
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None,
+                                reason="bubblewrap is not installed (apt-get install bubblewrap)")
+
+LIMITS = ["--Execute.timeout=5", "--SandboxedKernelManager.memory_limit_gib=0.5"]
+SECRET_ENV = "GRADER_SECRET_TOKEN"
+
+HOSTILE = {
+    "good": {},
+    "loop": {"partA_answer": "def add(a, b):\n    while True:\n        pass"},
+    "no_sigint": {"partA_answer": ("import signal\ndef add(a, b):\n"
+                                   "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                                   "    while True:\n        pass")},
+    "hog": {"partB_answer": "def mul(a, b):\n    hoard = [bytearray(10**7) for _ in range(10**4)]\n    return a * b"},
+    # reads the calling (hidden) test from IPython's history, prints it and keeps it for later
+    "leak_history": {"partA_answer": ("def add(a, b):\n    global seen\n    seen = In[-1] + str(_ih[-1]) + str(\n"
+                                      "        list(get_ipython().history_manager.get_range()))\n"
+                                      "    print(seen)\n    return a + b"),
+                     "partB_answer": "print('history:', seen)\ndef mul(a, b):\n    return a * b"},
+    # the caller's frame: its code object's file, through linecache
+    "leak_frame": {"partA_answer": ("import linecache\ndef add(a, b):\n    code = sys._getframe(1).f_code\n"
+                                    "    print(''.join(linecache.getlines(code.co_filename)))\n    return a + b")},
+    # inspect: the stack's code context and the frame's source, printed later and written to a file
+    "leak_inspect": {"partA_answer": ("import inspect\ndef add(a, b):\n    global seen\n"
+                                     "    seen = inspect.getsource(sys._getframe(1))\n"
+                                     "    print(inspect.stack()[1].code_context)\n    return a + b"),
+                     "partC_answer": ("open('stolen.txt', 'w').write(seen)\nprint(repr(seen))\n"
+                                      "def neg(a):\n    return -a")},
+    "environment": {"partA_answer": ("import json\njson.dump(sorted(os.environ), open('env.json', 'w'))\n"
+                                     "def add(a, b):\n    return a + b")},
+}
+EXPECTED = {  # (A, B, C) points
+    "good": (1, 1, 1), "loop": (0, 1, 1), "no_sigint": (0, 1, 1), "hog": (1, 0, 1),
+    "leak_history": (1, 1, 1), "leak_frame": (1, 1, 1), "leak_inspect": (1, 1, 1), "environment": (1, 1, 1),
+}
+
+
+def _grade(course, env, *args):
+    return subprocess.run([sys.executable, "grade.py", *args], cwd=course, capture_output=True, text=True,
+                          env=env, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    course = str(tmp_path_factory.mktemp("grading") / "course")
+    env = T.make_course(course, {SECRET_ENV: "do not pass me on"})
+    for student, answers in HOSTILE.items():
+        T.submit(course, student, answers)
+    out = _grade(course, env, "toy", "-j", "2", "--", *LIMITS)
+    assert out.returncode == 0, out.stdout + out.stderr
+    fb = T.nbgrader(course, env, "generate_feedback", "toy")
+    return dict(course=course, env=env, out=out.stdout, err=out.stderr, feedback=fb.stdout + fb.stderr)
+
+
+def test_every_submission_graded_with_finished_parts_kept(toy):
+    for student, (a, b, c) in EXPECTED.items():
+        assert T.grades(toy["course"], student) == {"partA_works": a, "partB_works": b, "partC_works": c}, student
+
+
+def test_stopped_cells_say_why(toy):
+    loop = T.outputs(toy["course"], "loop", "partA_works")
+    assert "TimeLimitExceeded" in loop and "stopped after 5 s" in loop
+    no_sigint = T.outputs(toy["course"], "no_sigint", "partA_works")
+    assert "stopped after 5 s" in no_sigint and "ignored the interrupt" in no_sigint
+    hog = T.outputs(toy["course"], "hog", "partB_works")
+    assert "MemoryLimitExceeded" in hog and "exceeded 0.5 GiB" in hog
+    # the summary names them, with the cell
+    assert re.search(r"graded 8, failed 0, with stopped cells 3", toy["out"]), toy["out"]
+    for student in ("loop", "no_sigint", "hog"):
+        assert re.search(rf"stopped +toy {student} ", toy["out"]), toy["out"]
+
+
+def test_hostile_submissions_cost_little_time(toy):
+    """A loop costs one cell's limit; one that ignores SIGINT that plus a new kernel."""
+    times = {m.group(1): float(m.group(2)) for m in re.finditer(r"stopped +toy (\w+) \((\d+) s\)", toy["out"])}
+    assert times["loop"] < 5 + 15 and times["no_sigint"] < 5 + 5 + 30, times
+
+
+def test_progress_bar_shows_count_rate_and_eta(toy):
+    assert "8/8" in toy["err"] and "submission/s" in toy["err"] or "s/submission" in toy["err"], toy["err"][-500:]
+
+
+def _texts(course, student):
+    """What may reach the student: the autograded notebook's outputs (its cells' source is the
+    instructor's, hidden tests included), every other file in its folder, and the feedback."""
+    out = []
+    for path in glob.glob(os.path.join(course, "autograded", student, "toy", "*")) + \
+            glob.glob(os.path.join(course, "feedback", student, "toy", "*")):
+        if path.endswith(".ipynb"):
+            nb = nbformat.read(path, as_version=4)
+            out.append((path, json.dumps([c.get("outputs", []) for c in nb.cells])))
+            out.append((path, "\n".join(o.get("text", "") + o.get("evalue", "") + "".join(o.get("traceback", []))
+                                         for c in nb.cells for o in c.get("outputs", []))))
+        else:
+            with open(path, errors="replace") as fh:
+                out.append((path, fh.read()))
+    return out
+
+
+@pytest.mark.parametrize("student, found", [("leak_history", False), ("leak_frame", True), ("leak_inspect", True)])
+def test_hidden_tests_do_not_reach_the_student(toy, student, found):
+    """Whatever route looked for the hidden test's code, neither the autograded notebook's
+    outputs, the files left in its folder nor the feedback holds it. The history holds no test
+    cell at all; the frame and `inspect` find it, and the notice shows their outputs replaced."""
+    texts = _texts(toy["course"], student)
+    assert any(p.endswith(".html") for p, _ in texts), "feedback was generated"
+    for path, text in texts:
+        for line in T.HIDDEN.values():
+            for piece in (line, line.split(" and ")[0], json.dumps(line)[1:-1]):
+                assert piece not in text, (student, path, piece)
+    notices = sum("this output repeated code of a hidden test" in t for p, t in texts if p.endswith(".ipynb"))
+    assert bool(notices) == found, (student, notices)
+
+
+def test_history_holds_no_test_cell(toy):
+    """Test cells run outside IPython's history: In[-1] inside a test is the student's own cell."""
+    nb = nbformat.read(os.path.join(toy["course"], "autograded", "leak_history", "toy", "toy.ipynb"), as_version=4)
+    cell = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "partB_answer"][0]
+    text = "".join(o.get("text", "") for o in cell.outputs)
+    assert "history:" in text and "def add(a, b)" in text and "assert add(1, 2)" not in text, text
+
+
+def test_kernel_environment_is_a_whitelist(toy):
+    with open(os.path.join(toy["course"], "autograded", "environment", "toy", "env.json")) as fh:
+        names = set(json.load(fh))
+    assert SECRET_ENV not in names
+    allowed = {"PATH", "PYTHONPATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "TZ", "HOME", "TMPDIR",
+               "PWD", "NBGRADER_EXECUTION", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+               "MPLBACKEND", "PYTHONHASHSEED", "JPY_PARENT_PID"}
+    # what ipykernel itself sets when it starts (its own terminal and pager settings)
+    allowed |= {"TERM", "CLICOLOR", "CLICOLOR_FORCE", "FORCE_COLOR", "PAGER", "GIT_PAGER", "PYDEVD_USE_FRAME_EVAL"}
+    extra = {n for n in names if n not in allowed and not n.startswith("NUMBA_")}
+    assert not extra, extra
+    assert len(os.environ) > len(names)
+
+
+def test_resume_grades_only_what_is_left(toy):
+    course, env = toy["course"], toy["env"]
+    # as if the run had been killed: one submission never graded, one half-way (no notebook yet)
+    shutil.rmtree(os.path.join(course, "autograded", "good", "toy"))
+    os.remove(os.path.join(course, "autograded", "hog", "toy", "toy.ipynb"))
+    out = _grade(course, env, "toy", "-j", "2", "--no-progress", "--", *LIMITS)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 submission(s) to grade (6 graded already, skipped)" in out.stdout, out.stdout
+    assert "graded 2, failed 0" in out.stdout
+    assert T.grades(course, "good") == {"partA_works": 1, "partB_works": 1, "partC_works": 1}
+    assert T.grades(course, "hog")["partB_works"] == 0
+    again = _grade(course, env, "toy", "--no-progress", "--student", "good", "--force")
+    assert "1 submission(s) to grade" in again.stdout and "graded 1, failed 0" in again.stdout, again.stdout
+
+
+def test_interrupted_run_resumes(toy):
+    """A run stopped by SIGINT after its first graded submission, then started again, grades only
+    what is left, and every submission ends up graded as before."""
+    import signal
+    import time
+
+    course, env = toy["course"], toy["env"]
+    before = {s: T.grades(course, s) for s in EXPECTED}
+    for s in EXPECTED:                                   # nothing graded yet
+        shutil.rmtree(os.path.join(course, "autograded", s, "toy"))
+    proc = subprocess.Popen([sys.executable, "grade.py", "toy", "-j", "1", "--no-progress", "--", *LIMITS],
+                            cwd=course, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.time()
+    while time.time() - t0 < 300:
+        graded = [s for s in EXPECTED if os.path.exists(os.path.join(course, "autograded", s, "toy", "toy.ipynb"))]
+        if graded or proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None and graded, "the run ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode != 0 and "interrupted" in out, out + err
+    at_stop = [s for s in EXPECTED if os.path.exists(os.path.join(course, "autograded", s, "toy", "toy.ipynb"))]
+    assert len(at_stop) < len(EXPECTED), (at_stop, out, err[-3000:])
+    again = _grade(course, env, "toy", "-j", "2", "--no-progress", "--", *LIMITS)
+    assert again.returncode == 0, again.stdout + again.stderr
+    m = re.search(r"(\d+) submission\(s\) to grade \((\d+) graded already", again.stdout)
+    assert m and int(m.group(2)) >= 1 and int(m.group(1)) + int(m.group(2)) == len(EXPECTED), again.stdout
+    assert int(m.group(1)) >= 1, again.stdout          # something was left to grade
+    assert {s: T.grades(course, s) for s in EXPECTED} == before
+
+
+def test_notebook_budget_stops_the_last_part(toy):
+    """Each cell within its limit, but together over the notebook's budget: the cell running when
+    the budget is used up is stopped, the parts before keep their points."""
+    course, env = toy["course"], toy["env"]
+    T.submit(course, "slow", {"partA_answer": "import time\ndef add(a, b):\n    time.sleep(1)\n    return a + b",
+                              "partB_answer": "def mul(a, b):\n    time.sleep(1)\n    return a * b",
+                              "partC_answer": "def neg(a):\n    time.sleep(5)\n    return -a"})
+    out = _grade(course, env, "toy", "--student", "slow", "--no-progress", "--",
+                 "--Execute.timeout=10", "--SandboxedExecute.submission_timeout=12")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert T.grades(course, "slow") == {"partA_works": 1, "partB_works": 1, "partC_works": 0}
+    msg = T.outputs(course, "slow", "partC_works")
+    assert "TimeLimitExceeded" in msg and "the notebook's time budget" in msg, msg
+    shutil.rmtree(os.path.join(course, "submitted", "slow"))
+
+
+def test_bad_arguments_are_refused(toy):
+    out = _grade(toy["course"], toy["env"], "toy", "-j", "0")
+    assert out.returncode != 0 and "-j/--jobs must be at least 1" in out.stderr
+    out = _grade(toy["course"], toy["env"], "no_such_assignment")
+    assert out.returncode != 0 and "no assignment no_such_assignment in the gradebook" in out.stdout + out.stderr
+
+
+def test_dask_cluster_grades_like_the_pool(toy, tmp_path):
+    distributed = pytest.importorskip("distributed")
+    course, env = toy["course"], toy["env"]
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster:
+        out = _grade(course, env, "toy", "--student", "good", "--student", "loop", "--force", "--no-progress",
+                     "--dask", cluster.scheduler_address, "--", *LIMITS)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "graded 2, failed 0, with stopped cells 1" in out.stdout, out.stdout
+    assert T.grades(course, "loop") == {"partA_works": 0, "partB_works": 1, "partC_works": 1}
+
+
+# ---- the real course: parallel == serial ------------------------------------------------------------
+def _gradebook_rows(course):
+    from nbgrader.api import Gradebook
+
+    rows = set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Gradebook(f"sqlite:///{course}/gradebook.db") as gb:
+            for a in gb.assignments:
+                for sub in a.submissions:
+                    for nb in sub.notebooks:
+                        for g in nb.grades:
+                            rows.add((a.name, sub.student.id, nb.name, g.name, g.auto_score, g.max_score,
+                                      g.needs_manual_grade))
+                        for c in nb.comments:
+                            rows.add((a.name, sub.student.id, nb.name, c.name, c.auto_comment))
+    return rows
+
+
+def _cell_results(path):
+    nb = nbformat.read(path, as_version=4)
+    out = []
+    for c in nb.cells:
+        errs = [(o.ename, o.evalue) for o in c.get("outputs", []) if o.get("output_type") == "error"]
+        out.append((c.metadata.get("nbgrader", {}).get("grade_id"), c.source, errs))
+    return out
+
+
+def test_parallel_gives_the_gradebook_of_serial_nbgrader(tmp_path):
+    """Two real assignments, a few corpus submissions each: `nbgrader autograde` (serial) and
+    `grade.py -j 2` leave the same grades, comments, exported CSV and autograded cells."""
+    import runpy
+
+    from test_exercises import CORPUS, _submission
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    warm = subprocess.run([sys.executable, "-c", "import gpclab; gpclab.compile_paths(['laplace'])"],
+                          cwd=root, capture_output=True, text=True)
+    assert warm.returncode == 0, warm.stderr
+    courses = {}
+    for kind in ("serial", "parallel"):
+        course = str(tmp_path / kind)
+        shutil.copytree(os.path.join(root, "exercises"), course, ignore=shutil.ignore_patterns(
+            "release", "submitted", "autograded", "feedback", "gradebook.db*", "grading_logs", "__pycache__"))
+        env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+        for var in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "IPYTHONDIR"):
+            env[var] = os.path.join(course, ".jupyter", var.lower())
+        courses[kind] = (course, env)
+        T.nbgrader(course, env, "generate_assignment", "ex3_10_2", "--force")
+        T.nbgrader(course, env, "generate_assignment", "ex3_10_4", "--force")
+        for a, mistakes in (("ex3_10_2", ["case_major_order"]), ("ex3_10_4", ["K_W_instead_of_W_K"])):
+            src = os.path.join(course, "source", a, f"{a}.ipynb")
+            release = os.path.join(course, "release", a, f"{a}.ipynb")
+            corpus = runpy.run_path(os.path.join(CORPUS, f"{a}.py"))
+            subs = {"solved": None, "unsolved": "release"}
+            subs.update({f"mistake_{m}": corpus["MISTAKES"][m][1] for m in mistakes})
+            for student, answers in subs.items():
+                dest = os.path.join(course, "submitted", student, a)
+                os.makedirs(dest)
+                if answers is None:
+                    shutil.copy(src, dest)
+                elif answers == "release":
+                    shutil.copy(release, dest)
+                else:
+                    nbformat.write(_submission(release, src, answers), os.path.join(dest, f"{a}.ipynb"))
+    serial, senv = courses["serial"]
+    T.nbgrader(serial, senv, "autograde", "*")
+    parallel, penv = courses["parallel"]
+    out = subprocess.run([sys.executable, "grade.py", "--all", "-j", "2", "--no-progress"], cwd=parallel,
+                         capture_output=True, text=True, env=penv, timeout=900)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "graded 6, failed 0, with stopped cells 0" in out.stdout, out.stdout
+    rows = {k: _gradebook_rows(c) for k, (c, _) in courses.items()}
+    assert rows["serial"] == rows["parallel"]
+    assert len({r for r in rows["serial"] if len(r) == 7}) > 20
+    for kind, (course, env) in courses.items():
+        T.nbgrader(course, env, "export", "--to", os.path.join(course, "grades.csv"))
+    # the same rows (the order follows the gradebook's insertion order, which parallel grading changes)
+    with open(os.path.join(serial, "grades.csv")) as a, open(os.path.join(parallel, "grades.csv")) as b:
+        a_rows, b_rows = a.read().splitlines(), b.read().splitlines()
+    assert a_rows[0] == b_rows[0] and sorted(a_rows) == sorted(b_rows) and len(a_rows) == 1 + 4 * 2
+    for path in glob.glob(os.path.join(serial, "autograded", "*", "*", "*.ipynb")):
+        other = path.replace(serial, parallel, 1)
+        assert _cell_results(path) == _cell_results(other), path
+
+
+# ---- a reply that never comes (the widget stall) ----------------------------------------------------
+def _poll(reply_after, outputs):
+    """SandboxedExecute's wait for a cell's reply when the kernel's output stream has said the cell
+    finished (status idle) and the reply comes after `reply_after` seconds (None: never)."""
+    import asyncio
+    from unittest import mock
+
+    from nbclient.client import NotebookClient
+    from nbformat.notebooknode import NotebookNode
+
+    sys.path.insert(0, T.COURSE)
+    try:
+        from grading_sandbox import SandboxedExecute
+    finally:
+        sys.path.remove(T.COURSE)
+
+    async def reply(self, msg_id, *args):
+        if reply_after is None:
+            await asyncio.sleep(3600)
+        await asyncio.sleep(reply_after)
+        return {"content": {"status": "ok"}, "parent_header": {"msg_id": msg_id}, "from": "kernel"}
+
+    async def run():
+        ex = SandboxedExecute(reply_grace=0.5)
+        idle = asyncio.ensure_future(asyncio.sleep(0))
+        alive = asyncio.ensure_future(asyncio.sleep(3600))
+        await idle
+        cell = NotebookNode(outputs=[NotebookNode(o) for o in outputs])
+        try:
+            return await ex._async_poll_for_reply("m1", cell, 60, idle, alive)
+        finally:
+            alive.cancel()
+
+    with mock.patch.object(NotebookClient, "_async_poll_for_reply", reply):
+        return asyncio.run(asyncio.wait_for(run(), 10))
+
+
+def test_lost_reply_after_idle_counts_as_finished():
+    got = _poll(None, [])
+    assert got["content"] == {"status": "ok"} and got["parent_header"]["msg_id"] == "m1" and "from" not in got
+    err = {"output_type": "error", "ename": "ValueError", "evalue": "bad", "traceback": ["ValueError: bad"]}
+    got = _poll(None, [err])
+    assert got["content"]["status"] == "error" and got["content"]["ename"] == "ValueError"
+
+
+def test_late_reply_within_grace_is_taken():
+    assert _poll(0.1, [])["from"] == "kernel"
