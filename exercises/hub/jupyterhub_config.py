@@ -63,6 +63,9 @@ c.Spawner.default_url = "/lab"
 # after boot more): wait longer than JupyterHub's defaults before giving up
 c.Spawner.start_timeout = 180
 c.Spawner.http_timeout = 120
+# of the hub's own environment, users get only these (JupyterHub's default also passes PYTHONPATH
+# and conda's variables on)
+c.Spawner.env_keep = ["LANG", "LC_ALL", "TZ"]
 c.Spawner.environment = {
     # the course venv first (terminals are login shells: /etc/profile.d/gpclab-course.sh)
     "PATH": f"{VENV}/bin:/usr/local/bin:/usr/bin:/bin",
@@ -90,7 +93,7 @@ def pre_spawn_hook(spawner):
         os.chmod(home, 0o700)
     target = os.path.join(home, "lectures")
     if not os.path.lexists(target) and os.path.isdir(LECTURES):
-        subprocess.run(["runuser", "-u", name, "--", "cp", "-r", "--no-preserve=mode,ownership",
+        subprocess.run(["/usr/sbin/runuser", "-u", name, "--", "cp", "-r", "--no-preserve=mode,ownership",
                         LECTURES, target], check=True, cwd="/")
 
 

@@ -14,6 +14,9 @@
 #   GPCLAB_EXCHANGE      [/srv/nbgrader/exchange]  nbgrader's exchange root
 set -euo pipefail
 umask 022
+# the caller's Python settings must not reach the venv, the compile step or the hub (whose
+# spawner would pass PYTHONPATH on to every user's server)
+unset PYTHONPATH PYTHONHOME PYTHONSTARTUP PYTHONUSERBASE PYTHONNOUSERSITE VIRTUAL_ENV
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CLONE=$(cd "$HERE/../.." && pwd)
@@ -200,10 +203,24 @@ END
     fi
 
     # 6. Jupyter server settings for everyone (in the venv): nbgrader's instructor extensions off
-    #    (the instructor turns them on in their own ~/.jupyter below); the websocket keep-alive
-    #    and template settings that otherwise warn at every server start (see the file)
-    install_file "$HERE/jupyter_server_config.json" \
-        "$VENV/etc/jupyter/jupyter_server_config.d/zz-gpclab-course.json" 644 root:root
+    #    (the instructor turns them on in their own ~/.jupyter below).
+    #    Jupyter Server's own websocket keep-alive counts in milliseconds (30000 ms pings, a 90000 ms
+    #    timeout) and hands the same numbers to tornado, which counts seconds and, since 6.5, warns
+    #    at the first kernel of every server that the timeout exceeds the interval: tornado's pings
+    #    never fired (30000 s) and Jupyter's are switched off here (ws_ping_interval 0). Nothing
+    #    between browser and server drops idle connections on this hub (127.0.0.1, no reverse
+    #    proxy); behind one with an idle timeout, keep the connections alive there.
+    install_file "$HERE/jupyter_server_config.json" "$VENV/etc/jupyter/jupyter_server_config.json" 644 root:root
+    install_text "$VENV/etc/jupyter/jupyter_server_config.d/zz-gpclab-course.json" 644 root:root <<'END'
+{
+  "ServerApp": {
+    "jpserver_extensions": {
+      "nbgrader.server_extensions.formgrader": false,
+      "nbgrader.server_extensions.course_list": false
+    }
+  }
+}
+END
     install_text "$VENV/etc/jupyter/labconfig/page_config.json" 644 root:root <<'END'
 {
   "disabledExtensions": {
@@ -345,7 +362,7 @@ cmd_start() {
     if hub_pid >/dev/null; then say "the hub is running (pid $(hub_pid))"; return 0; fi
     say "starting the hub at http://127.0.0.1:$PORT/ (log: $LOG)"
     (cd "$STATE" || exit 1
-     PATH="$VENV/bin:/usr/local/bin:/usr/bin:/bin"; export PATH
+     PATH="$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"; export PATH
      exec setsid "$VENV/bin/jupyterhub" -f "$PREFIX/etc/jupyterhub_config.py") >>"$LOG" 2>&1 </dev/null &
     # JupyterHub writes its pid file itself (c.JupyterHub.pid_file)
     local i
