@@ -552,3 +552,7 @@ def test_access_attempts(hub):
     assert not out.stdout.strip(), out.stdout
     # a forged submission: refused at collect (test_term) and removed; gpc-ada's own was graded
     assert RESULTS.get("forged_collect")
+    # the warnings the hub and the users' servers logged over the whole term (reported)
+    with open(os.path.join(PREFIX, "log", "jupyterhub.log")) as f:
+        RESULTS["log_warnings"] = sorted({re.sub(r"^\[W \S+ \S+ ", "[W ", line.strip())[:160]
+                                          for line in f if line.startswith("[W ") and " log:" not in line})

@@ -57,7 +57,9 @@ c.JupyterHub.services = [{"name": "course-admin", "api_token": _admin_token}]
 c.JupyterHub.load_roles = [{"name": "admin", "services": ["course-admin"]}]
 
 # ---- each user's server ---------------------------------------------------------------------------
-c.Spawner.cmd = [os.path.join(VENV, "bin", "jupyterhub-singleuser")]
+# jupyterhub-singleuser, without the classic notebook's template setting that JupyterLab warns
+# about at every start (<prefix>/lib/gpclab_course_singleuser.py)
+c.Spawner.cmd = [os.path.join(VENV, "bin", "python"), "-m", "gpclab_course_singleuser"]
 c.Spawner.default_url = "/lab"
 # a loaded machine (four servers starting at once on two cores took up to 15 s; a cold start
 # after boot more): wait longer than JupyterHub's defaults before giving up

@@ -247,6 +247,13 @@ END
 
     # 8. nbgrader for everyone: the exchange, the course id, and collect that refuses forgeries
     install_file "$HERE/checked_exchange.py" "$PREFIX/lib/gpclab_checked_exchange.py" 644 root:root
+    # the users' server command (gpclab_course_singleuser.py: JupyterHub's, without a classic
+    # notebook setting that Lab's shim warns about), importable from the venv
+    install_file "$HERE/gpclab_course_singleuser.py" "$PREFIX/lib/gpclab_course_singleuser.py" 644 root:root
+    install_text "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/gpclab-course.pth" \
+        644 root:root <<END
+$PREFIX/lib
+END
     ensure_dir /etc/jupyter 755 root:root
     install_text "$NBGRADER_GLOBAL" 644 root:root <<END
 # written by gpclab's exercises/hub/setup.sh: every user's nbgrader reads this
@@ -431,12 +438,17 @@ cmd_uninstall() {
     say "uninstalled"
 }
 
-case ${1:-} in
-    install) shift; cmd_install "$@";;
-    add-student) shift; cmd_add_student "$@";;
-    start) cmd_start;;
-    stop) cmd_stop;;
-    status) cmd_status;;
-    uninstall) shift; cmd_uninstall "$@";;
-    *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2;;
-esac
+main() {
+    case ${1:-} in
+        install) shift; cmd_install "$@";;
+        add-student) shift; cmd_add_student "$@";;
+        start) cmd_start;;
+        stop) cmd_stop;;
+        status) cmd_status;;
+        uninstall) shift; cmd_uninstall "$@";;
+        *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2;;
+    esac
+}
+
+# the whole file is read before anything runs (an edit during a run cannot change it)
+main "$@"; exit $?
