@@ -180,7 +180,10 @@ async def _execute(url, token, user, kernel_id, code, timeout=300):
     from tornado.httpclient import HTTPRequest
     from tornado.websocket import websocket_connect
     ws_url = url.replace("http://", "ws://") + f"/user/{user}/api/kernels/{kernel_id}/channels"
-    conn = await websocket_connect(HTTPRequest(ws_url, headers={"Authorization": f"token {token}"}))
+    # a loaded machine: the server answers the websocket once the new kernel replies (tornado's
+    # default gives up after 20 s)
+    conn = await websocket_connect(HTTPRequest(ws_url, headers={"Authorization": f"token {token}"},
+                                               connect_timeout=180, request_timeout=180))
     msg_id = uuid.uuid4().hex
     conn.write_message(json.dumps({
         "header": {"msg_id": msg_id, "username": user, "session": uuid.uuid4().hex,

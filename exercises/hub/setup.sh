@@ -396,7 +396,7 @@ cmd_stop() {
     rm -f "$PIDFILE"
     # the proxy and users' servers outlive a stopped hub: end those this hub started
     local p
-    for p in $(pgrep -f "^[^ ]*node [^ ]*$PREFIX/node/" || true) $(pgrep -f "$VENV/bin/jupyterhub-singleuser" || true); do
+    for p in $(pgrep -f "^[^ ]*node [^ ]*$PREFIX/node/" || true) $(pgrep -f "^$VENV/bin/python -m gpclab_course_singleuser" || true); do
         kill -TERM "$p" 2>/dev/null || true
     done
 }
