@@ -119,13 +119,15 @@ def hub():
         RESULTS["install"] = (time.time() - t0, os.getloadavg()[0])
         RESULTS["install_log"] = out.stdout
         t0 = time.time()
-        _setup("add-student", *STUDENTS)
+        out = _setup("add-student", *STUDENTS)
         RESULTS["add_students"] = time.time() - t0
+        RESULTS["passwords"] = dict(re.findall(r"created user (\S+) with password: (\S+)",
+                                               RESULTS["install_log"] + out.stdout))
         yield Hub(ports[0])
     finally:
         _teardown(clone_mode)
         for k, v in RESULTS.items():
-            if k != "install_log":
+            if k not in ("install_log", "passwords"):
                 print(f"hub test: {k}: {v}")
 
 
@@ -345,6 +347,36 @@ def test_set_up(hub):
     for line in listening.splitlines():
         if "jupyterhub" in line or "node" in line and "configurable" in line:
             assert "127.0.0.1:" in line.split()[3], line
+
+
+def test_log_in(hub):
+    """Users log in at the hub with the Unix password setup.sh printed (PAM); a wrong one is
+    refused."""
+    import http.cookiejar
+    import urllib.parse
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kw):
+            return None
+
+    def log_in(user, password):
+        opener = urllib.request.build_opener(
+            urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()), NoRedirect)
+        page = opener.open(hub.url + "/hub/login", timeout=60).read().decode()
+        xsrf = re.search(r'name="_xsrf" value="([^"]+)"', page).group(1)
+        data = urllib.parse.urlencode({"username": user, "password": password, "_xsrf": xsrf}).encode()
+        try:
+            r = opener.open(hub.url + "/hub/login", data, timeout=120)
+            return r.status, ""
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers.get("Location", "")
+
+    passwords = RESULTS["passwords"]
+    assert set(passwords) == {INSTRUCTOR, *STUDENTS}, passwords
+    status, location = log_in(STUDENTS[2], passwords[STUDENTS[2]])
+    assert status == 302 and "/login" not in location, (status, location)
+    status, location = log_in(STUDENTS[2], passwords[STUDENTS[2]] + "x")
+    assert status == 403, (status, location)
 
 
 def test_four_first_cells_at_once(hub):

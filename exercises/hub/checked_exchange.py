@@ -54,6 +54,11 @@ def refusal_reason(path, student):
     return None
 
 
+# installed as <prefix>/lib/gpclab_checked_exchange.py; the command is <prefix>/bin/remove-refused
+REMOVE_COMMAND = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bin",
+                              "remove-refused")
+
+
 def _student_of(entry):
     return os.path.basename(entry).rsplit("+", 3)[0]
 
@@ -91,9 +96,9 @@ class CheckedCollect(ExchangeCollect):
         for rec in self._refused:
             self.log.error(
                 "REFUSED %s: named as %s's submission, but %s; not collected. Remove it with: "
-                "sudo remove-refused %s (in the course hub's bin folder)",
+                "sudo %s %s",
                 os.path.join(self.inbound_path, rec["filename"]), rec["username"], rec["refused"],
-                self.coursedir.assignment_id)
+                REMOVE_COMMAND, self.coursedir.assignment_id)
         self.src_records = [r for r in self.src_records if "refused" not in r]
         super().copy_files()
 

@@ -257,15 +257,12 @@ END
     ensure_dir /etc/jupyter 755 root:root
     install_text "$NBGRADER_GLOBAL" 644 root:root <<END
 # written by gpclab's exercises/hub/setup.sh: every user's nbgrader reads this
-import sys
-sys.path.insert(0, "$PREFIX/lib")
-from gpclab_checked_exchange import CheckedCollect  # noqa: E402
-
 c = get_config()  # noqa: F821
 c.Exchange.root = "$EXCHANGE"
 c.CourseDirectory.course_id = "$COURSE_ID"
 # collect takes only submissions whose files belong to the student they name
-c.ExchangeFactory.collect = CheckedCollect
+# ($PREFIX/lib/gpclab_checked_exchange.py, on the course venv's path)
+c.ExchangeFactory.collect = "gpclab_checked_exchange.CheckedCollect"
 END
     # the instructor removes refused submissions (owned by their forger) with
     #   sudo $PREFIX/bin/remove-refused ASSIGNMENT
