@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A course hub for gpclab on one Debian 12 machine: JupyterHub (PAM log-in, one Unix user per
 # person), the lectures, nbgrader's exchange and the instructor's course. Run as root from a
-# clone of the repository; see the README's "Deploying for a course" for what each step does.
+# clone of the repository; the README's "A course hub (JupyterHub): one command" says what each
+# step does.
 #
 #   exercises/hub/setup.sh install --instructor NAME [--port 8000]   set up (or check) and start
 #   exercises/hub/setup.sh add-student NAME [NAME...]               a Unix user in the course
@@ -443,7 +444,7 @@ main() {
         stop) cmd_stop;;
         status) cmd_status;;
         uninstall) shift; cmd_uninstall "$@";;
-        *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2;;
+        *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2;;
     esac
 }
 
