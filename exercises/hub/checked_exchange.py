@@ -1,0 +1,136 @@
+"""nbgrader's collect, taking only submissions that belong to the student they name.
+
+The exchange's inbound folder is writable by every student, and a submission's name
+(`<student>+<assignment>+<time>+<random>`) says whose it is. nbgrader's own collect only warns
+"... claims to be submitted by alice but is owned by bob; cheating attempt?" and collects it (with
+`--update`, over alice's real work). `CheckedCollect` (set as `c.ExchangeFactory.collect` in the
+global nbgrader configuration that setup.sh writes) refuses a submission unless the folder and
+every file in it belong to the student it names (or to root), and it contains no symbolic link;
+a refused submission is reported and never collected, and the student's newest accepted
+submission is collected instead.
+
+A refused submission's files belong to the student who made it, so only root can delete them;
+the instructor does it with `sudo <prefix>/bin/remove-refused [ASSIGNMENT...]`, which runs this
+file as a script and removes nothing but refused submissions.
+"""
+import argparse
+import datetime
+import glob
+import os
+import pwd
+import shutil
+import stat
+import sys
+
+
+def refusal_reason(path, student):
+    """Why the inbound entry `path`, named as submitted by `student`, is refused; None if it is
+    accepted (the entry and everything in it owned by the student or root, no symbolic link)."""
+    try:
+        uid = pwd.getpwnam(student).pw_uid
+    except KeyError:
+        uid = None
+    allowed = {0} if uid is None else {0, uid}
+
+    def owner(st):
+        try:
+            return pwd.getpwuid(st.st_uid).pw_name
+        except KeyError:
+            return f"uid {st.st_uid}"
+
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symbolic link"
+    if st.st_uid not in allowed:
+        return f"it belongs to {owner(st)}"
+    for folder, dirs, files in os.walk(path):
+        for name in dirs + files:
+            p = os.path.join(folder, name)
+            st = os.lstat(p)
+            if stat.S_ISLNK(st.st_mode):
+                return f"{os.path.relpath(p, path)} is a symbolic link"
+            if st.st_uid not in allowed:
+                return f"{os.path.relpath(p, path)} belongs to {owner(st)}"
+    return None
+
+
+# installed as <prefix>/lib/gpclab_checked_exchange.py; the command is <prefix>/bin/remove-refused
+REMOVE_COMMAND = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bin",
+                              "remove-refused")
+
+
+def _student_of(entry):
+    return os.path.basename(entry).rsplit("+", 3)[0]
+
+
+try:
+    from nbgrader.exchange.default.collect import ExchangeCollect
+except ImportError:     # the removal script runs without nbgrader's imports
+    ExchangeCollect = object
+
+
+class CheckedCollect(ExchangeCollect):
+    """nbgrader's ExchangeCollect that refuses (reports, never collects) submissions whose files
+    do not belong to the student they name."""
+
+    _OLDEST = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+    def _path_to_record(self, path):
+        record = super()._path_to_record(path)
+        reason = refusal_reason(path, record["username"])
+        if reason is not None:
+            record["refused"] = reason
+            record["timestamp"] = self._OLDEST       # never the newest while another is accepted
+            self._refused.append(record)
+        return record
+
+    def _sort_by_timestamp(self, records):
+        accepted = [r for r in records if "refused" not in r]
+        return super()._sort_by_timestamp(accepted or records)
+
+    def init_src(self):
+        self._refused = []
+        super().init_src()
+
+    def copy_files(self):
+        for rec in self._refused:
+            self.log.error(
+                "REFUSED %s: named as %s's submission, but %s; not collected. Remove it with: "
+                "sudo %s %s",
+                os.path.join(self.inbound_path, rec["filename"]), rec["username"], rec["refused"],
+                REMOVE_COMMAND, self.coursedir.assignment_id)
+        self.src_records = [r for r in self.src_records if "refused" not in r]
+        super().copy_files()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="remove-refused",
+        description="Remove the submissions in the exchange's inbound folder that collect refuses "
+                    "(files that do not belong to the student the submission names).")
+    parser.add_argument("--inbound", required=True, help=argparse.SUPPRESS)
+    parser.add_argument("assignments", nargs="*", metavar="ASSIGNMENT",
+                        help="only submissions of these assignments (default: all)")
+    args = parser.parse_args(argv)
+    for a in args.assignments:
+        if not a or "/" in a or a.startswith(".") or "+" in a:
+            parser.error(f"not an assignment name: {a!r}")
+    names = args.assignments or ["*"]
+    removed = 0
+    for a in names:
+        for entry in sorted(glob.glob(os.path.join(args.inbound, f"*+{a}+*"))):
+            reason = refusal_reason(entry, _student_of(entry))
+            if reason is None:
+                continue
+            if os.path.islink(entry) or not os.path.isdir(entry):
+                os.unlink(entry)
+            else:
+                shutil.rmtree(entry)
+            print(f"removed {os.path.basename(entry)} ({reason})")
+            removed += 1
+    print(f"{removed} refused submission(s) removed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

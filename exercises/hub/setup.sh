@@ -1,0 +1,452 @@
+#!/usr/bin/env bash
+# A course hub for gpclab on one Debian 12 machine: JupyterHub (PAM log-in, one Unix user per
+# person), the lectures, nbgrader's exchange and the instructor's course. Run as root from a
+# clone of the repository; the README's "A course hub (JupyterHub): one command" says what each
+# step does.
+#
+#   exercises/hub/setup.sh install --instructor NAME [--port 8000]   set up (or check) and start
+#   exercises/hub/setup.sh add-student NAME [NAME...]               a Unix user in the course
+#   exercises/hub/setup.sh start | stop | status                    the hub
+#   exercises/hub/setup.sh uninstall [--keep-venv] [--remove-users] the hub, its files and folders
+#
+# Running `install` again changes nothing that is already as it should be (it only reports).
+# Locations can be moved with environment variables (defaults in brackets):
+#   GPCLAB_COURSE_PREFIX [/opt/gpclab-course]  the venv, configurable-http-proxy, the hub's state
+#   GPCLAB_EXCHANGE      [/srv/nbgrader/exchange]  nbgrader's exchange root
+set -euo pipefail
+umask 022
+# the caller's Python settings must not reach the venv, the compile step or the hub (whose
+# spawner would pass PYTHONPATH on to every user's server)
+unset PYTHONPATH PYTHONHOME PYTHONSTARTUP PYTHONUSERBASE PYTHONNOUSERSITE VIRTUAL_ENV
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+CLONE=$(cd "$HERE/../.." && pwd)
+PREFIX=${GPCLAB_COURSE_PREFIX:-/opt/gpclab-course}
+VENV=$PREFIX/venv
+SETTINGS=$PREFIX/etc/course.env
+STATE=$PREFIX/state
+LOG=$PREFIX/log/jupyterhub.log
+PIDFILE=$STATE/jupyterhub.pid
+COURSE_ID=gpclab
+STUDENTS_GROUP=gpclab-students
+INSTRUCTORS_GROUP=gpclab-instructors
+JUPYTERHUB_REQ="jupyterhub>=5.2,<7"
+CHP_REQ="configurable-http-proxy@^5"
+PROFILE_D=/etc/profile.d/gpclab-course.sh
+SUDOERS=/etc/sudoers.d/gpclab-course
+NBGRADER_GLOBAL=/etc/jupyter/nbgrader_config.py
+
+say() { printf '%s\n' "gpclab-hub: $*"; }
+die() { printf '%s\n' "gpclab-hub: error: $*" >&2; exit 1; }
+
+need_root() { [ "$(id -u)" = 0 ] || die "run as root (it creates users, /etc files and the hub)"; }
+
+# ---- small idempotent helpers -----------------------------------------------------------------
+# install_file SRC DEST MODE OWNER: copy only if the content, mode or owner differ; sets CHANGED
+CHANGED=0
+install_file() {
+    local src=$1 dest=$2 mode=$3 owner=$4
+    if [ -f "$dest" ] && cmp -s "$src" "$dest" \
+        && [ "$(stat -c '%a %U:%G' "$dest")" = "$mode $owner" ]; then
+        return 0
+    fi
+    install -D -m "$mode" -o "${owner%%:*}" -g "${owner##*:}" "$src" "$dest"
+    say "wrote $dest"
+    CHANGED=1
+}
+# install_text DEST MODE OWNER <<< text
+install_text() {
+    local tmp; tmp=$(mktemp)
+    cat > "$tmp"
+    install_file "$tmp" "$1" "$2" "$3"
+    rm -f "$tmp"
+}
+# ensure_dir PATH MODE OWNER: create, or correct mode and owner
+ensure_dir() {
+    local path=$1 mode=$2 owner=$3
+    if [ -L "$path" ]; then die "$path is a symbolic link; expected a folder"; fi
+    if [ ! -d "$path" ]; then
+        mkdir -p "$path"
+        say "created $path"
+    fi
+    if [ "$(stat -c '%a %U:%G' "$path")" != "$mode $owner" ]; then
+        chown "$owner" "$path"
+        chmod "$mode" "$path"
+        say "set $path to $mode $owner"
+    fi
+}
+ensure_group() {
+    getent group "$1" >/dev/null || { groupadd "$1"; say "created group $1"; }
+}
+# ensure_user NAME GROUP: a Unix user with a private home (0700), in GROUP; a new user gets a
+# random password, printed once
+ensure_user() {
+    local name=$1 group=$2
+    [[ $name =~ ^[a-z_][a-z0-9_-]{0,30}$ ]] || die "'$name' is not a valid user name (lower-case letters, digits, _ and -)"
+    if ! id "$name" >/dev/null 2>&1; then
+        useradd --create-home --shell /bin/bash -K HOME_MODE=0700 "$name"
+        local pw; pw=$(head -c 12 /dev/urandom | base64 | tr -d '/+=')
+        echo "$name:$pw" | chpasswd
+        say "created user $name with password: $pw   (change it with: passwd $name)"
+    fi
+    id -nG "$name" | tr ' ' '\n' | grep -qx "$group" || { usermod -a -G "$group" "$name"; say "added $name to $group"; }
+    local home; home=$(getent passwd "$name" | cut -d: -f6)
+    [ -d "$home" ] || die "$name's home $home does not exist"
+    if [ "$(stat -c '%a' "$home")" != 700 ]; then chmod 700 "$home"; say "made $home private (700)"; fi
+}
+
+load_settings() {
+    INSTRUCTOR=""; PORT=8000; HUB_PORT=8081; PROXY_API_PORT=8001; EXCHANGE=${GPCLAB_EXCHANGE:-/srv/nbgrader/exchange}
+    # shellcheck disable=SC1090
+    if [ -f "$SETTINGS" ]; then . "$SETTINGS"; fi
+}
+
+hub_pid() {
+    [ -f "$PIDFILE" ] || return 1
+    local pid; pid=$(cat "$PIDFILE")
+    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && grep -q jupyterhub "/proc/$pid/cmdline" 2>/dev/null \
+        && echo "$pid"
+}
+hub_up() { curl -fsS -o /dev/null "http://127.0.0.1:$PORT/hub/api/" 2>/dev/null; }
+
+# ---- install -----------------------------------------------------------------------------------
+cmd_install() {
+    need_root
+    load_settings
+    while [ $# -gt 0 ]; do
+        case $1 in
+            --instructor) INSTRUCTOR=$2; shift 2;;
+            --port) PORT=$2; shift 2;;
+            --hub-port) HUB_PORT=$2; shift 2;;
+            --proxy-api-port) PROXY_API_PORT=$2; shift 2;;
+            *) die "install: unknown argument '$1'";;
+        esac
+    done
+    [ -n "$INSTRUCTOR" ] || die "install: name the instructor: setup.sh install --instructor NAME"
+    [ -f "$CLONE/gpclab.py" ] && [ -d "$CLONE/exercises/source" ] || die "run setup.sh from a clone of gpclab ($CLONE has no gpclab.py or exercises/source)"
+
+    # 1. Debian packages: venv, node + npm (configurable-http-proxy), bubblewrap (the grading
+    #    sandbox), sudo (removing refused submissions), curl (health checks)
+    local missing=()
+    dpkg -s python3-venv >/dev/null 2>&1 || missing+=(python3-venv)
+    command -v npm >/dev/null || missing+=(nodejs npm)
+    command -v bwrap >/dev/null || missing+=(bubblewrap)
+    command -v sudo >/dev/null || missing+=(sudo)
+    command -v curl >/dev/null || missing+=(curl)
+    if [ ${#missing[@]} -gt 0 ]; then
+        say "installing ${missing[*]} (apt-get)"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+
+    # 2. groups and the instructor
+    ensure_group "$STUDENTS_GROUP"
+    ensure_group "$INSTRUCTORS_GROUP"
+    ensure_user "$INSTRUCTOR" "$INSTRUCTORS_GROUP"
+    local ihome; ihome=$(getent passwd "$INSTRUCTOR" | cut -d: -f6)
+    local igroup; igroup=$(id -gn "$INSTRUCTOR")
+
+    # 3. the course prefix: world-readable software, root-only hub state
+    ensure_dir "$PREFIX" 755 root:root
+    ensure_dir "$PREFIX/etc" 755 root:root
+    ensure_dir "$PREFIX/bin" 755 root:root
+    ensure_dir "$PREFIX/lib" 755 root:root
+    ensure_dir "$STATE" 700 root:root
+    ensure_dir "$PREFIX/log" 700 root:root
+    install_text "$SETTINGS" 644 root:root <<END
+# written by exercises/hub/setup.sh install
+INSTRUCTOR=$INSTRUCTOR
+PORT=$PORT
+HUB_PORT=$HUB_PORT
+PROXY_API_PORT=$PROXY_API_PORT
+EXCHANGE=$EXCHANGE
+COURSE_ID=$COURSE_ID
+STUDENTS_GROUP=$STUDENTS_GROUP
+INSTRUCTORS_GROUP=$INSTRUCTORS_GROUP
+END
+
+    # 4. the course venv (Debian's Python; outside any home, so every user can run it)
+    if [ ! -x "$VENV/bin/python" ]; then
+        say "creating the course venv $VENV"
+        /usr/bin/python3 -m venv "$VENV"
+        CHANGED=1
+    fi
+    # JupyterHub, and gpclab with what lectures and grading need, from this clone, not editable:
+    # users import one read-only installation and never see the clone
+    local want; want="$JUPYTERHUB_REQ | gpclab[lectures,grading] $(cat "$CLONE/gpclab.py" "$CLONE/pyproject.toml" | sha256sum | cut -c1-16)"
+    if [ "$(cat "$VENV/.gpclab-course-installed" 2>/dev/null)" != "$want" ]; then
+        say "installing JupyterHub and gpclab[lectures,grading] into $VENV (pip, a few minutes)"
+        local build; build=$(mktemp -d)
+        cp -r "$CLONE/gpclab.py" "$CLONE/pyproject.toml" "$CLONE/README.md" "$build/"
+        [ -f "$CLONE/MANIFEST.in" ] && cp "$CLONE/MANIFEST.in" "$build/"
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+            "$JUPYTERHUB_REQ" "$build[lectures,grading]"
+        rm -rf "$build"
+        echo "$want" > "$VENV/.gpclab-course-installed"
+        rm -f "$VENV/.gpclab-course-compiled"
+        CHANGED=1
+    fi
+    # numba's cache, warmed once into the installation (read-only for users)
+    local compiled; compiled="$(sha256sum "$("$VENV/bin/python" -c 'import importlib.util as u; print(u.find_spec("gpclab").origin)')" | cut -c1-16) $("$VENV/bin/python" -c 'import numba; print(numba.__version__)')"
+    if [ "$(cat "$VENV/.gpclab-course-compiled" 2>/dev/null)" != "$compiled" ]; then
+        say "warming numba's cache: gpclab compile (about a minute on two cores)"
+        (cd / && PATH="$VENV/bin:$PATH" "$VENV/bin/gpclab" compile)
+        echo "$compiled" > "$VENV/.gpclab-course-compiled"
+        CHANGED=1
+    fi
+
+    # 5. configurable-http-proxy from npm, under the prefix
+    if [ ! -x "$PREFIX/node/node_modules/.bin/configurable-http-proxy" ]; then
+        say "installing configurable-http-proxy (npm)"
+        mkdir -p "$PREFIX/node"
+        npm install --silent --prefix "$PREFIX/node" "$CHP_REQ" >/dev/null
+        CHANGED=1
+    fi
+
+    # 6. Jupyter server settings for everyone (in the venv): nbgrader's instructor extensions off
+    #    (the instructor turns them on in their own ~/.jupyter below).
+    #    Jupyter Server's own websocket keep-alive counts in milliseconds (30000 ms pings, a 90000 ms
+    #    timeout) and hands the same numbers to tornado, which counts seconds and, since 6.5, warns
+    #    at the first kernel of every server that the timeout exceeds the interval: tornado's pings
+    #    never fired (30000 s) and Jupyter's are switched off here (ws_ping_interval 0). Nothing
+    #    between browser and server drops idle connections on this hub (127.0.0.1, no reverse
+    #    proxy); behind one with an idle timeout, keep the connections alive there.
+    install_file "$HERE/jupyter_server_config.json" "$VENV/etc/jupyter/jupyter_server_config.json" 644 root:root
+    install_text "$VENV/etc/jupyter/jupyter_server_config.d/zz-gpclab-course.json" 644 root:root <<'END'
+{
+  "ServerApp": {
+    "jpserver_extensions": {
+      "nbgrader.server_extensions.formgrader": false,
+      "nbgrader.server_extensions.course_list": false
+    }
+  }
+}
+END
+    install_text "$VENV/etc/jupyter/labconfig/page_config.json" 644 root:root <<'END'
+{
+  "disabledExtensions": {
+    "@jupyter/nbgrader:formgrader": true,
+    "@jupyter/nbgrader:course-list": true,
+    "@jupyter/nbgrader:create-assignment": true
+  }
+}
+END
+
+    # 7. the exchange: a sticky, world-writable root (nbgrader's exchange commands require it)
+    #    and this course's folder made here, owned by the instructor, before any student can
+    #    log in: nobody else can create, replace or list it. inbound is write-only for students.
+    ensure_dir "$(dirname "$EXCHANGE")" 755 root:root
+    ensure_dir "$EXCHANGE" 1777 root:root
+    local cdir=$EXCHANGE/$COURSE_ID
+    if [ -e "$cdir" ] && [ "$(stat -c %U "$cdir")" != "$INSTRUCTOR" ]; then
+        die "$cdir belongs to $(stat -c %U "$cdir"), not to the instructor $INSTRUCTOR: someone made it first. Inspect and remove it, then run install again."
+    fi
+    ensure_dir "$cdir" 755 "$INSTRUCTOR:$igroup"
+    ensure_dir "$cdir/outbound" 755 "$INSTRUCTOR:$igroup"
+    ensure_dir "$cdir/inbound" 2733 "$INSTRUCTOR:$igroup"
+    ensure_dir "$cdir/feedback" 711 "$INSTRUCTOR:$igroup"
+
+    # 8. nbgrader for everyone: the exchange, the course id, and collect that refuses forgeries
+    install_file "$HERE/checked_exchange.py" "$PREFIX/lib/gpclab_checked_exchange.py" 644 root:root
+    # the users' server command (gpclab_course_singleuser.py: JupyterHub's, without a classic
+    # notebook setting that Lab's shim warns about), importable from the venv
+    install_file "$HERE/gpclab_course_singleuser.py" "$PREFIX/lib/gpclab_course_singleuser.py" 644 root:root
+    install_text "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/gpclab-course.pth" \
+        644 root:root <<END
+$PREFIX/lib
+END
+    ensure_dir /etc/jupyter 755 root:root
+    install_text "$NBGRADER_GLOBAL" 644 root:root <<END
+# written by gpclab's exercises/hub/setup.sh: every user's nbgrader reads this
+c = get_config()  # noqa: F821
+c.Exchange.root = "$EXCHANGE"
+c.CourseDirectory.course_id = "$COURSE_ID"
+# collect takes only submissions whose files belong to the student they name
+# ($PREFIX/lib/gpclab_checked_exchange.py, on the course venv's path)
+c.ExchangeFactory.collect = "gpclab_checked_exchange.CheckedCollect"
+END
+    # the instructor removes refused submissions (owned by their forger) with
+    #   sudo $PREFIX/bin/remove-refused ASSIGNMENT
+    install_text "$PREFIX/bin/remove-refused" 755 root:root <<END
+#!/bin/sh
+# remove the submissions in the exchange's inbound that collect refuses (see gpclab_checked_exchange)
+exec "$VENV/bin/python" -I "$PREFIX/lib/gpclab_checked_exchange.py" --inbound "$cdir/inbound" "\$@"
+END
+    install_text "$SUDOERS" 440 root:root <<END
+# gpclab course hub: instructors remove refused (forged) submissions from the exchange
+%$INSTRUCTORS_GROUP ALL=(root) NOPASSWD: $PREFIX/bin/remove-refused
+END
+    visudo -cq -f "$SUDOERS" || die "$SUDOERS does not parse"
+
+    # 9. terminals are login shells, and Debian's /etc/profile resets PATH
+    install_text "$PROFILE_D" 644 root:root <<END
+# gpclab course hub: the course venv (jupyter, nbgrader, gpclab) on every login shell's PATH
+case ":\$PATH:" in *":$VENV/bin:"*) ;; *) PATH="$VENV/bin:\$PATH"; export PATH;; esac
+END
+
+    # 10. lectures, copied into each user's home at their first spawn (jupyterhub_config.py)
+    ensure_dir "$PREFIX/lectures" 755 root:root
+    local f
+    for f in "$CLONE"/lectures/*.ipynb "$CLONE"/lectures/*.csv; do
+        [ -e "$f" ] && install_file "$f" "$PREFIX/lectures/$(basename "$f")" 644 root:root
+    done
+
+    # 11. the instructor's course: a private copy of exercises/ (the solutions live in source/),
+    #     and the formgrader pointed at it, with nbgrader's instructor extensions on
+    local course=$ihome/course
+    if [ ! -d "$course" ]; then
+        mkdir -p "$course"
+        cp -r "$CLONE/exercises/nbgrader_config.py" "$CLONE/exercises/grading_sandbox.py" \
+            "$CLONE/exercises/source" "$course/"
+        chown -R "$INSTRUCTOR:$igroup" "$course"
+        say "copied the course (exercises/) to $course"
+        CHANGED=1
+    fi
+    ensure_dir "$course" 700 "$INSTRUCTOR:$igroup"
+    ensure_dir "$ihome/.jupyter" 700 "$INSTRUCTOR:$igroup"
+    ensure_dir "$ihome/.jupyter/labconfig" 755 "$INSTRUCTOR:$igroup"
+    install_text "$ihome/.jupyter/nbgrader_config.py" 644 "$INSTRUCTOR:$igroup" <<END
+# written by gpclab's exercises/hub/setup.sh: the formgrader's course
+c = get_config()  # noqa: F821
+c.CourseDirectory.root = "$course"
+END
+    install_text "$ihome/.jupyter/jupyter_server_config.json" 644 "$INSTRUCTOR:$igroup" <<'END'
+{
+  "ServerApp": {
+    "jpserver_extensions": {
+      "nbgrader.server_extensions.formgrader": true,
+      "nbgrader.server_extensions.course_list": true
+    }
+  }
+}
+END
+    install_text "$ihome/.jupyter/labconfig/page_config.json" 644 "$INSTRUCTOR:$igroup" <<'END'
+{
+  "disabledExtensions": {
+    "@jupyter/nbgrader:formgrader": false,
+    "@jupyter/nbgrader:course-list": false,
+    "@jupyter/nbgrader:create-assignment": false
+  }
+}
+END
+
+    # 12. the clone holds the solutions (exercises/source, tests/exercise_corpus): root only
+    if [ "$(stat -c '%a' "$CLONE")" != 700 ] || [ "$(stat -c '%U' "$CLONE")" != root ]; then
+        chown root "$CLONE"; chmod 700 "$CLONE"
+        say "made the clone $CLONE private (700, root)"
+    fi
+
+    # 13. the hub: configuration, then start (or restart if anything above changed)
+    install_file "$HERE/jupyterhub_config.py" "$PREFIX/etc/jupyterhub_config.py" 644 root:root
+    if [ ! -s "$STATE/admin_token" ]; then
+        (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$STATE/admin_token")
+        CHANGED=1
+    fi
+    if hub_pid >/dev/null; then
+        if [ "$CHANGED" = 1 ]; then say "restarting the hub (its set-up changed)"; cmd_stop; cmd_start
+        else say "the hub is running (pid $(hub_pid)) at http://127.0.0.1:$PORT/"; fi
+    else
+        cmd_start
+    fi
+    [ "$CHANGED" = 1 ] || say "nothing to change: the set-up is complete"
+}
+
+cmd_add_student() {
+    need_root
+    load_settings
+    [ -f "$SETTINGS" ] || die "run setup.sh install first"
+    [ $# -gt 0 ] || die "add-student: name at least one student"
+    local name
+    for name in "$@"; do ensure_user "$name" "$STUDENTS_GROUP"; done
+}
+
+cmd_start() {
+    need_root
+    load_settings
+    [ -f "$PREFIX/etc/jupyterhub_config.py" ] || die "run setup.sh install first"
+    if hub_pid >/dev/null; then say "the hub is running (pid $(hub_pid))"; return 0; fi
+    say "starting the hub at http://127.0.0.1:$PORT/ (log: $LOG)"
+    (cd "$STATE" || exit 1
+     PATH="$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"; export PATH
+     exec setsid "$VENV/bin/jupyterhub" -f "$PREFIX/etc/jupyterhub_config.py") >>"$LOG" 2>&1 </dev/null &
+    # JupyterHub writes its pid file itself (c.JupyterHub.pid_file)
+    local i
+    for i in $(seq 1 120); do
+        sleep 1
+        if hub_up && hub_pid >/dev/null; then say "the hub is up (pid $(hub_pid))"; return 0; fi
+        if [ "$i" -gt 10 ] && ! hub_pid >/dev/null; then tail -n 30 "$LOG" >&2; die "the hub exited; see $LOG"; fi
+    done
+    tail -n 30 "$LOG" >&2
+    die "the hub did not answer within 120 s; see $LOG"
+}
+
+cmd_stop() {
+    need_root
+    load_settings
+    local pid
+    if pid=$(hub_pid); then
+        kill -TERM "$pid"
+        local i
+        for i in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+        kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
+        say "stopped the hub (pid $pid)"
+    fi
+    rm -f "$PIDFILE"
+    # the proxy and users' servers outlive a stopped hub: end those this hub started
+    local p
+    for p in $(pgrep -f "^[^ ]*node [^ ]*$PREFIX/node/" || true) $(pgrep -f "^$VENV/bin/python -m gpclab_course_singleuser" || true); do
+        kill -TERM "$p" 2>/dev/null || true
+    done
+}
+
+cmd_status() {
+    load_settings
+    if hub_pid >/dev/null && hub_up; then say "running (pid $(hub_pid)) at http://127.0.0.1:$PORT/"
+    else say "not running"; return 1; fi
+}
+
+cmd_uninstall() {
+    need_root
+    load_settings
+    local keep_venv=0 remove_users=0
+    while [ $# -gt 0 ]; do
+        case $1 in --keep-venv) keep_venv=1; shift;; --remove-users) remove_users=1; shift;;
+            *) die "uninstall: unknown argument '$1'";; esac
+    done
+    cmd_stop
+    if [ "$remove_users" = 1 ]; then
+        local g u
+        for g in "$STUDENTS_GROUP" "$INSTRUCTORS_GROUP"; do
+            for u in $(getent group "$g" | cut -d: -f4 | tr ',' ' '); do
+                pkill -KILL -u "$u" 2>/dev/null || true
+                userdel -r "$u" 2>/dev/null && say "removed user $u" || true
+            done
+        done
+        for g in "$STUDENTS_GROUP" "$INSTRUCTORS_GROUP"; do groupdel "$g" 2>/dev/null || true; done
+    fi
+    rm -f "$NBGRADER_GLOBAL" "$PROFILE_D" "$SUDOERS"
+    rmdir /etc/jupyter 2>/dev/null || true
+    rm -rf "${EXCHANGE:?}/$COURSE_ID"
+    rmdir "$EXCHANGE" 2>/dev/null || true
+    if [ "$keep_venv" = 1 ]; then
+        find "$PREFIX" -mindepth 1 -maxdepth 1 ! -name venv ! -name node -exec rm -rf {} +
+    else
+        rm -rf "${PREFIX:?}"
+    fi
+    say "uninstalled"
+}
+
+main() {
+    case ${1:-} in
+        install) shift; cmd_install "$@";;
+        add-student) shift; cmd_add_student "$@";;
+        start) cmd_start;;
+        stop) cmd_stop;;
+        status) cmd_status;;
+        uninstall) shift; cmd_uninstall "$@";;
+        *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2;;
+    esac
+}
+
+# the whole file is read before anything runs (an edit during a run cannot change it)
+main "$@"; exit $?
