@@ -237,7 +237,10 @@ def test_interrupt_in_a_jupyter_kernel():
         kc.wait_for_ready(timeout=600)                # a kernel's start on a loaded machine: minutes
 
         def run(code, interrupt_after=None, timeout=900):
-            msg_id = kc.execute(code)
+            # an interrupted cell ends in an error; with stop_on_error the kernel then aborts the
+            # requests that reach it until a timer it sets fires, and on a loaded machine the next
+            # cell could arrive first ('aborted'): the cell to interrupt is sent without it
+            msg_id = kc.execute(code, stop_on_error=interrupt_after is None)
             if interrupt_after is not None:
                 busy = False
                 while not busy:                        # the cell has started
