@@ -1974,14 +1974,14 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
     nu_tilde, tau_tilde, Sigma, mu = _ep_init(K, nu_tilde_init, tau_tilde_init)  # line 2: nu~ := 0, tau~ := 0, Sigma := K, mu := 0
     if order == "random":
         np.random.seed(seed)
-    # In a debugger Sigma lags (the last applied block's, lower triangle; see above); s_i and mu are exact
+    # In a debugger Sigma is the last applied block's (lower triangle), s_i and mu exact; _EP_BLOCK = 1: each site
     U, c, s_i = np.empty((_EP_BLOCK, n)), np.empty(_EP_BLOCK), np.empty(n)  # for line 10: pending updates; s_i
     log_Z_old = np.inf                                        # for line 16: no previous log Z_EP
     converged = False                                         # for line 18
     for n_sweeps in range(1, max_sweeps + 1):                 # line 3: repeat
         perm = np.random.permutation(n) if order == "random" else np.arange(n)  # for line 4: the order of the sites
         delta, n_skipped = 0.0, 0                             # for line 16: largest site change of the sweep; skipped sites
-        m = np.int64(0)                                       # for line 10: no pending update; pending updates (not 0: a literal argument compiles the helpers twice)
+        m = np.int64(0)                                       # for line 10: no pending update (np.int64: a literal 0 would compile the helpers twice)
         for i in perm:                                        # line 4: for i := 1 to n
             _current_column(Sigma, U, c, m, i, s_i)           # for line 5: s_i := column i of Sigma, s_i[i] = sigma_i^2
             if not (s_i[i] > 0.0 and 1.0 / s_i[i] > tau_tilde[i]):
