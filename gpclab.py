@@ -9,15 +9,16 @@ the equation, e.g. ``# line 6: b := W f + grad log p(y|f)  (3.18)``.
 and the code's departures from the box beside the lines they concern.
 
 Contents: each box, its function, and the line of the function's ``def`` in this
-file (tests/test_boxes.py keeps these numbers true):
-    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 979
-    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1044
-    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1260
-    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1523
-    GPML Algorithm 3.5  expectation propagation           ep                          line 1911
-    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 1990
-    K&R Algorithm 3     annealed importance sampling      ais                         line 2498
-    the boxes as printed, errata, departures              BOXES, show_box             line 3459
+file (the last row: the line of BOXES, which show_box and its helpers follow;
+tests/test_boxes.py keeps these numbers true):
+    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 993
+    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1060
+    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1276
+    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1540
+    GPML Algorithm 3.5  expectation propagation           ep                          line 1937
+    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2016
+    K&R Algorithm 3     annealed importance sampling      ais                         line 2524
+    the boxes as printed, errata, departures              BOXES, show_box             line 3485
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
     GPML 3.3   covariance functions; the likelihoods (3.15, 3.16) and their one
@@ -66,9 +67,17 @@ Glossary (code name: book symbol):
     log_hyp  covariance hyperparameters in log space (see "covariance functions")
 
     multi-class (3.5): f, y, pi of shape (C, n), class-major (3.33); K of
-    shape (C, n, n); E, M as in Algorithm 3.3
+    shape (C, n, n); E, M as in Algorithm 3.3; pf = Pi^T f (line 11), r =
+    M^T\\(M\\(R^T c)) (line 13), E_sum = sum_c E_c (line 10)
     EP (3.6): nu_tilde, tau_tilde site parameters nu~, tau~ (3.66); sS = S~^1/2;
-    nu_cav, tau_cav the cavity's (3.56); mu_hat, sigma2_hat (3.58);
+    nu_cav, tau_cav the cavity's (3.56); the tilted moments mu^_i, sigma^_i^2
+    (3.58) are implied, never formed: _site_update gives the new tau~_i, nu~_i
+    (tau_new, nu_new) from r = (1 - 2 eps) N(z) / Z_i (N(z)/Phi(z) for probit),
+    rz = r + z and w = r (z + r), z = y_i mu_-i / sd, sd = sqrt(1 + sigma_-i^2) (probit);
+    d_tau, d_nu the changes Delta tau~, Delta nu~ of site i;
+    s_i column i of Sigma (Alg. 3.5 line 10; s_i[i] = sigma_i^2); line 10's
+    rank-one updates wait in U, c: U[j] = s_i and c[j] = ci =
+    ((Delta tau~)^-1 + Sigma_ii)^-1 of the m sites since Sigma was last updated;
     Sigma, mu the approximate posterior (3.53); log_Z = log Z_EP (3.65)
     MCMC (K&R): g = L^-1 f whitened latents; tau an inverse temperature (K&R 28)
     EM-EP (K&G): eps the labelling noise (K&G 10); t0, t1, t2, l the hyperparameters
@@ -80,14 +89,16 @@ Naming (as in GPML's own code, where t means tilde): a suffix stands for the
 book's accent or subscript: _tilde ~ (the sites, nu_tilde = nu~), _hat ^ (f_hat,
 mu_hat), _bar a bar (f_bar_star, pi_bar_star), _star * (a test input: K_star =
 k(X, x_*), k_star_star = k(x_*, x_*)), _cav the cavity's "-i" (tau_cav = tau_-i),
-_init a warm start, _old the previous iterate. A leading s is a square root
-(sW = W^1/2, sS = S~^1/2, sD = D^1/2; sd a standard deviation); d a derivative
+_init a warm start, _old the previous iterate, _new the next value. A leading s is
+a square root (sW = W^1/2, sS = S~^1/2, sD = D^1/2; sd a standard deviation), but
+for s_i, column i of Sigma as in Alg. 3.5 line 10 (in ep); d a derivative
 (dlp, d2lp, d3lp of log p) or a change (d_tau = Delta tau~); log_ a logarithm
 (log_q, log_Z, log_hyp). Mb = M\\b and bTk = b^T k_* in Algorithm 3.4. Capitals
 are matrices, lower case vectors and numbers, as in the book. A comment
 "# line 6: ..." labels a line of the function's box; "# 3.4 line 19: ..." a line
-of box 3.4 done in a helper; "departs from line N" says what the code does
-otherwise, and why.
+of box 3.4 done in a helper; "# for line 10: ..." (or "# for 3.5 line 7: ...") a
+statement that computes a part of that line (ci of line 10), shown with it by
+show_box; "departs from line N" says what the code does otherwise, and why.
 
 What Part I takes from Part III (machinery, to be taken on trust while reading):
     check_interrupt()   called once per outer iteration of every long loop: raises
@@ -165,8 +176,11 @@ __version__ = "0.1.0"
 # argument, see Part III). Part III, at the end of the file, turns every recorded function
 # into a numba function behind one checked entry; until then each name is the plain
 # Python function written here. numba looks up the functions a body calls when it first
-# compiles it, so bodies call each other by name. fn.py_func is the plain body (step
-# through it in a debugger); NUMBA_DISABLE_JIT=1 runs all of it as plain Python.
+# compiles it, so bodies call each other by name. fn.py_func runs the box itself in
+# Python, to step through in a debugger (it returns a plain tuple); the helpers it calls
+# (_step_search, _site_update, log_likelihood, ...) stay compiled, and "step into" one
+# lands in numba's dispatcher. To step into the helpers too, start Python with
+# NUMBA_DISABLE_JIT=1 (before importing gpclab): then all of it runs as plain Python.
 
 
 def njit(**options):
@@ -995,6 +1009,8 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
     -------
     LaplaceMode: f_hat (n,), log_q (3.32), a = K^-1 f_hat, sW = W^1/2, L = cholesky(B)
     at f_hat, n_iter, converged (False also when no step raised the objective).
+    laplace_mode.py_func (the plain body, for a debugger) returns the same as a
+    plain tuple, in this order.
 
     Notes
     -----
@@ -1006,20 +1022,20 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
     # departs from line 2: starts from a_init (zeros when left out) if that beats f = 0, because
     # the mode at nearby hyperparameters saves most Newton steps during ML-II
     a, f, psi = _warm_start(_objective, a_init, K @ a_init, y, likelihood)  # line 2: f := 0
-    n_iter, converged, full_step = 0, False, False
-    psi_old = log_q_old = -np.inf
+    n_iter, converged, full_step = 0, False, False           # for line 9: no Newton step yet
+    psi_old = log_q_old = -np.inf                            # for line 9: no previous Psi, log q
     while True:                                              # line 3: repeat
         check_interrupt()
-        _, dlp, d2lp, _ = log_likelihood(likelihood, y, f)
+        _, dlp, d2lp, _ = log_likelihood(likelihood, y, f)   # for line 4: grad, grad grad log p(y|f)
         W = -d2lp                                            # line 4: W := -grad grad log p(y|f)  (3.15/3.16)
-        sW = np.sqrt(W)
+        sW = np.sqrt(W)                                      # for line 5: sW := W^1/2
         L = _cholesky(_form_B(K, sW))                        # line 5: L := cholesky(I + W^1/2 K W^1/2)
         log_q = psi - half_log_det(L)                        # line 10: log q := -1/2 a^T f + log p(y|f) - sum_i log L_ii  (3.32)
         # departs from lines 9-10: both are done here, after lines 4-5, so that W and L returned
         # belong to f_hat; and line 9 asks log q as well as Psi to settle after a full step,
         # relative to their size, because at a large signal variance Psi is flat while f still
         # moves, and log|B| with it
-        scale = 1.0 + abs(psi) + abs(log_q)
+        scale = 1.0 + abs(psi) + abs(log_q)                  # for line 9: tol relative to this
         if full_step and psi - psi_old < tol * scale and abs(log_q - log_q_old) < tol * scale:  # line 9: until convergence
             converged = True
             break
@@ -1027,14 +1043,14 @@ def laplace_mode(K, y, likelihood, a_init=None, tol=1e-10, max_iter=100):
             break
         b = W * f + dlp                                      # line 6: b := W f + grad log p(y|f)  (3.18, 3.27)
         a_new = b - sW * solve_lower_transpose(L, solve_lower(L, sW * (K @ b)))  # line 7: a := b - W^1/2 L^T\(L\(W^1/2 K b))
-        psi_old, log_q_old = psi, log_q
+        psi_old, log_q_old = psi, log_q                      # for line 9: Psi, log q before the step
         # departs from line 8: the step to f := K a is halved while it lowers the objective,
         # because far from the mode a full Newton step can overshoot (see _step_search)
         a, f, psi, step = _step_search(_objective, a, a_new - a, f, K @ a_new - f, psi, y, likelihood)  # line 8: f := K a
         if step == 0.0:
             break
-        full_step = step == 1.0
-        n_iter += 1
+        full_step = step == 1.0                              # for line 9: line 9 tests only after a full step
+        n_iter += 1                                          # for line 9: Newton steps taken
     return f, log_q, a, sW, L, n_iter, converged             # line 11: return f_hat, log q (LaplaceMode)
 
 
@@ -1067,9 +1083,9 @@ def laplace_predict(f_hat, K, y, likelihood, K_star, k_star_star, rule="average"
     n^3/6 once (line 3), n^2 per test case (line 5); lines 4-7 run for all test
     cases at once. Used in: lectures/sec3_04_binary_laplace.ipynb.
     """
-    _, dlp, d2lp, _ = log_likelihood(likelihood, y, f_hat)
+    _, dlp, d2lp, _ = log_likelihood(likelihood, y, f_hat)   # for line 2: grad, grad grad log p(y|f^)
     W = -d2lp                                                # line 2: W := -grad grad log p(y|f^)
-    sW = np.sqrt(W)
+    sW = np.sqrt(W)                                          # for line 3: sW := W^1/2
     if L is None or L.shape[0] == 0:                         # departs from line 3: skipped when L is given
         L = _cholesky(_form_B(K, sW))                        # line 3: L := cholesky(I + W^1/2 K W^1/2)
     f_bar_star = K_star.T @ dlp                              # line 4: f_bar_* := k(x_*)^T grad log p(y|f^)  (3.21)
@@ -1218,18 +1234,18 @@ def _log_sum_exp(f):
 @njit(cache=True)
 def _multiclass_E_M(K, pi):
     """E_c, sum_c z_c and M := cholesky(sum_c E_c): lines 5-10 of Algorithm 3.3, 3-7 of 3.4."""
-    C, n = pi.shape
+    C, n = pi.shape                                           # for 3.3 line 5, 3.4 line 3: C classes, n cases
     E = np.empty((C, n, n))                                   # the diagonal blocks E_c of E
-    E_sum = np.zeros((n, n))
+    E_sum = np.zeros((n, n))                                  # for 3.3 line 10, 3.4 line 7: E_sum := sum_c E_c
     z = 0.0
     for c in range(C):                                        # 3.3 line 5, 3.4 line 3: for c := 1..C
-        sD = np.sqrt(pi[c])                                   # D_c^1/2, (n,)
+        sD = np.sqrt(pi[c])                                   # for 3.3 line 6, 3.4 line 4: sD := D_c^1/2, (n,)
         L = _cholesky(_form_B(K[c], sD))                      # 3.3 line 6, 3.4 line 4: L := cholesky(I_n + D_c^1/2 K_c D_c^1/2)
         # departs from E_c := D_c^1/2 L^T\(L\D_c^1/2) (3.3 line 7, 3.4 line 5): the same matrix
         # as B_c^-1 = L^-T L^-1 scaled by D_c^1/2 on both sides, because LAPACK forms B_c^-1
         # from L in one call (cholesky_inverse) instead of two triangular solves with n columns
         E[c] = cholesky_inverse(L) * np.outer(sD, sD)         # 3.3 line 7, 3.4 line 5: E_c := D_c^1/2 B_c^-1 D_c^1/2
-        E_sum += E[c]
+        E_sum += E[c]                                         # for 3.3 line 10, 3.4 line 7: E_sum := sum_c E_c
         z += half_log_det(L)                                  # 3.3 line 8: z_c := sum_i log L_ii (summed over c)
     M = np.linalg.cholesky(E_sum)                             # 3.3 line 10, 3.4 line 7: M := cholesky(sum_c E_c)
     return E, z, M
@@ -1239,7 +1255,7 @@ def _multiclass_E_M(K, pi):
 def _multiclass_objective(a, f, y, likelihood):
     """-1/2 a^T f + y^T f - sum_i log sum_c exp f^c_i: Psi (3.35) without its constants, the
     objective of Algorithm 3.3 (line 15); likelihood is "softmax", as the name of (3.34)."""
-    # departs from Algorithm 3.3 lines 15-16, which print + sum_i log sum_c exp f^c_i:
+    # erratum in Algorithm 3.3 lines 15-16, which print + sum_i log sum_c exp f^c_i:
     # log p(y|f) = y^T f - sum_i log sum_c exp f^c_i (3.35), the softmax's normaliser
     # enters with a minus sign; with + the objective would grow without bound in f
     return -0.5 * (a * f).sum() + (y * f).sum() - _log_sum_exp(f)
@@ -1276,7 +1292,8 @@ def laplace_mode_multiclass(K, y, a_init=None, tol=1e-10, max_iter=100):
     Returns
     -------
     MultiLaplaceMode: f_hat (C, n), log_q (3.44), a = K^-1 f_hat, E (C, n, n) and
-    M (n, n) at f_hat (lines 7, 10), n_iter, converged.
+    M (n, n) at f_hat (lines 7, 10), n_iter, converged. .py_func returns the same
+    as a plain tuple.
 
     Notes
     -----
@@ -1286,13 +1303,13 @@ def laplace_mode_multiclass(K, y, a_init=None, tol=1e-10, max_iter=100):
     and line 16 also sum_i log M_ii (show_box("3.3")).
     Used in: lectures/sec3_05_multiclass_laplace.ipynb.
     """
-    C = y.shape[0]
+    C = y.shape[0]                                            # for line 5: C classes
     if a_init is None:                                        # (the face passes zeros; py_func may get None)
         a_init = np.zeros(y.shape)
     # departs from line 2 as laplace_mode does: starts from a_init (zeros when left out) if that
     # beats f = 0, because the mode at nearby hyperparameters saves most Newton steps
     a, f, psi = _warm_start(_multiclass_objective, a_init, _per_class(K, a_init), y, "softmax")  # line 2: f := 0
-    n_iter, converged, full_step, psi_old = 0, False, False, -np.inf
+    n_iter, converged, full_step, psi_old = 0, False, False, -np.inf  # for line 15: no Newton step yet
     while True:                                               # line 3: repeat
         check_interrupt()
         pi = softmax(f)                                       # line 4: pi and Pi from f  (3.34, Pi under 3.38)
@@ -1305,21 +1322,21 @@ def laplace_mode_multiclass(K, y, a_init=None, tol=1e-10, max_iter=100):
             break
         if n_iter == max_iter:
             break
-        pf = (pi * f).sum(axis=0)                             # (Pi^T f)_i = sum_c pi^c_i f^c_i
+        pf = (pi * f).sum(axis=0)                             # for line 11: pf := Pi^T f, (Pi^T f)_i = sum_c pi^c_i f^c_i
         b = pi * f - pi * pf + y - pi                         # line 11: b := (D - Pi Pi^T) f + y - pi  (3.39)
         c = _per_class(E, _per_class(K, b))                   # line 12: c := E K b  (3.39, 3.45, 3.47)
-        r = solve_lower_transpose(M, solve_lower(M, c.sum(axis=0)))  # M^T\(M\(R^T c)), (n,), R^T c = sum_c c_c
+        r = solve_lower_transpose(M, solve_lower(M, c.sum(axis=0)))  # for line 13: r := M^T\(M\(R^T c)), R^T c = sum_c c_c
         a_new = b - c + _per_class(E, np.ones((C, 1)) * r)    # line 13: a := b - c + E R M^T\(M\(R^T c))
-        psi_old = psi
+        psi_old = psi                                         # for line 15: the objective before the step
         # departs from line 14 as laplace_mode does from line 8: the step is halved while it
         # lowers the objective, because far from the mode a full Newton step can overshoot
         a, f, psi, step = _step_search(_multiclass_objective, a, a_new - a, f, _per_class(K, a_new) - f, psi, y, "softmax")  # line 14: f := K a
         if step == 0.0:
             break
-        full_step = step == 1.0
-        n_iter += 1
-    # departs from line 16: the log-sum-exp term enters the objective with a minus sign, as
-    # log p(y|f) (3.35) has it, and log q also subtracts sum_i log M_ii, because
+        full_step = step == 1.0                               # for line 15: line 15 tests only after a full step
+        n_iter += 1                                           # for line 15: Newton steps taken
+    # erratum, line 16 (and 15; show_box("3.3")): the log-sum-exp term enters the objective with a
+    # minus sign, as log p(y|f) (3.35) has it, and log q also subtracts sum_i log M_ii, because
     # |I + W^1/2 K W^1/2| = prod_c |B_c| |sum_c E_c| by (3.46)-(3.47) and the determinant lemma
     log_q = psi - z - half_log_det(M)                         # line 16: log q := objective - sum_c z_c  (3.44)
     return f, log_q, a, E, M, n_iter, converged               # line 17: return f_hat, log q (MultiLaplaceMode)
@@ -1699,14 +1716,15 @@ def probit_moments(y_i, mu_cav, sigma2_cav):
 
 
 @njit(cache=True)
-def _tilted_terms(y_i, mu_cav, s, eps):
-    """log Z_i, r and r + z of a site with Z_i = eps + (1 - 2 eps) Phi(z), z = y_i mu_cav / s.
+def _tilted_terms(y_i, mu_cav, sd, eps):
+    """log Z_i, r and rz = r + z of a site with Z_i = eps + (1 - 2 eps) Phi(z), z = y_i mu_cav / sd.
 
-    r = (1 - 2 eps) N(z) / Z_i = s y_i d log Z_i / d mu_cav. The probit site is
-    eps = 0, s = sqrt(1 + sigma2_cav) (3.58); K&G's labelling-noise site (their
-    eqs. 10, 20) is s = sqrt(sigma2_cav).
+    r = (1 - 2 eps) N(z) / Z_i = sd y_i d log Z_i / d mu_cav. sd is the cavity's
+    standard deviation of f_i plus the site's noise: the probit site is eps = 0,
+    sd = sqrt(1 + sigma2_cav) (3.58); K&G's labelling-noise site (their eqs. 10,
+    20) is sd = sqrt(sigma2_cav).
     """
-    z = y_i * mu_cav / s
+    z = y_i * mu_cav / sd
     if eps == 0.0:
         r, rz = n_over_phi_and_sum(z)
         return log_phi(z), r, rz
@@ -1719,29 +1737,31 @@ def _tilted_terms(y_i, mu_cav, s, eps):
 def _site_update(y_i, tau_cav, nu_cav, noise, eps, tau_max=np.inf):
     """New site parameters (3.59) from the tilted moments, without cancellation.
 
-    With s^2 = noise + sigma2_cav (noise = 1 for probit, 0 for K&G's step
-    likelihood) and w = r (z + r): sigma_hat^2 = sigma2_cav (1 - w sigma2_cav / s^2),
-    so sigma_hat^-2 - tau_cav = w / (s^2 - w sigma2_cav) and
-    sigma_hat^-2 mu_hat - nu_cav = tau_tilde mu_cav + (1 + tau_tilde sigma2_cav) y r / s.
-    The box's direct differences lose every digit for a well-classified site,
-    where sigma_hat^2 is within rounding of sigma2_cav.
+    Returns (tau_new, nu_new), the site's new tau~_i and nu~_i. With
+    sd^2 = noise + sigma2_cav (noise = 1 for probit, 0 for K&G's step likelihood;
+    sd = sqrt(1 + sigma2_cav) for probit, see _tilted_terms) and w = r (z + r):
+    sigma_hat^2 = sigma2_cav (1 - w sigma2_cav / sd^2), so
+    tau_new = sigma_hat^-2 - tau_cav = w / (sd^2 - w sigma2_cav) and
+    nu_new = sigma_hat^-2 mu_hat - nu_cav = tau_new mu_cav + (1 + tau_new sigma2_cav) y r / sd.
+    mu_hat and sigma_hat^2 (3.58) are implied, never formed: the box's direct
+    differences lose every digit for a well-classified site, where sigma_hat^2
+    is within rounding of sigma2_cav.
 
-    tau_tilde is kept in [0, tau_max], and nu_tilde computed from the kept value,
-    so that the new posterior mean is still the tilted mean mu_hat (tau_tilde = 0
-    gives nu_tilde = y r / s = tau_cav (mu_hat - mu_cav)). A site likelihood that
-    is not log-concave (K&G's with eps > 0) can ask for tau_tilde < 0; a step site
+    tau_new is kept in [0, tau_max], and nu_new computed from the kept value,
+    so that the new posterior mean is still the tilted mean mu_hat (tau_new = 0
+    gives nu_new = y r / sd = tau_cav (mu_hat - mu_cav)). A site likelihood that
+    is not log-concave (K&G's with eps > 0) can ask for tau_new < 0; a step site
     (noise 0) whose cavity sits on the wrong side asks for a precision that grows
     without bound (sigma_hat^2 ~ sigma2_cav / z^2), see ep.
     """
-    sigma2_cav = 1.0 / tau_cav
-    mu_cav = nu_cav * sigma2_cav
-    s2 = noise + sigma2_cav
-    s = math.sqrt(s2)
-    _, r, rz = _tilted_terms(y_i, mu_cav, s, eps)             # 3.5 line 7: r, z + r, the derivatives of log Z_hat_i
-    w = r * rz
-    tau_tilde = min(max(w / (noise + sigma2_cav * (1.0 - w)), 0.0), tau_max)  # 3.5 line 8: tau~_i = sigma_hat^-2 - tau_-i
-    nu_tilde = tau_tilde * mu_cav + (1.0 + tau_tilde * sigma2_cav) * y_i * r / s  # 3.5 line 9: nu~_i = sigma_hat^-2 mu_hat - nu_-i
-    return tau_tilde, nu_tilde
+    sigma2_cav = 1.0 / tau_cav                                # for 3.5 line 7: sigma_-i^2 = 1 / tau_-i
+    mu_cav = nu_cav * sigma2_cav                              # for 3.5 line 7: mu_-i = nu_-i / tau_-i
+    sd = math.sqrt(noise + sigma2_cav)                        # for 3.5 line 7: z = y_i mu_-i / sd
+    _, r, rz = _tilted_terms(y_i, mu_cav, sd, eps)            # 3.5 line 7: r, z + r, the derivatives of log Z_hat_i
+    w = r * rz                                                # for 3.5 line 8: w = r (z + r), sigma_hat^2 = sigma_-i^2 (1 - w sigma_-i^2 / sd^2)
+    tau_new = min(max(w / (noise + sigma2_cav * (1.0 - w)), 0.0), tau_max)  # 3.5 line 8: tau~_i = sigma_hat^-2 - tau_-i
+    nu_new = tau_new * mu_cav + (1.0 + tau_new * sigma2_cav) * y_i * r / sd  # 3.5 line 9: nu~_i = sigma_hat^-2 mu_hat - nu_-i
+    return tau_new, nu_new
 
 
 _EP_BLOCK = 48                                                # rank-one updates of line 10 applied together
@@ -1825,7 +1845,7 @@ def _ep_init(K, nu_tilde_init, tau_tilde_init):
 @njit(cache=True)
 def _ep_posterior(K, tau_tilde, nu_tilde):
     """Sigma, mu and L from the sites (Alg. 3.5 lines 13-15; 3.53, 3.68)."""
-    sS = np.sqrt(tau_tilde)                                   # S~^1/2
+    sS = np.sqrt(tau_tilde)                                   # for 3.5 line 13: sS := S~^1/2
     L = _cholesky(_form_B(K, sS))                             # 3.5 line 13: L := cholesky(I_n + S~^1/2 K S~^1/2)
     # The box prints V := L^T\S~^1/2 K; (3.68) needs L\ (see BOXES["3.5"]["errata"])
     V = solve_lower_matrix(L, _scale_rows(sS, K))             # 3.5 line 14: V := L\(S~^1/2 K)
@@ -1893,9 +1913,15 @@ def _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L, noise=1.0, eps=0.0):
 # tau~ ~ z^2 / sigma2_cav, and on overlapping classes with a smooth kernel
 # (make_three_gaussians) EP without the bound lets tau~ grow a hundredfold a
 # sweep until B has no Cholesky factor. mu of line 11 is updated in O(n) by
-# the rank-one identity mu_new = mu + s_i (d_nu (1 - c Sigma_ii) - c mu_i).
-# The rank-one updates of line 10 are collected over 48 consecutive sites and
-# applied to Sigma together (_rank_one_update).
+# the rank-one identity mu_new = mu + s_i (d_nu (1 - ci Sigma_ii) - ci mu_i).
+# The rank-one updates of line 10 are collected over _EP_BLOCK = 48 consecutive
+# sites and applied to Sigma's lower triangle together (_rank_one_update); the
+# upper triangle is filled at lines 13-15. Stepping through ep.py_func in a
+# debugger, Sigma is therefore the state of the last applied block (lower
+# triangle only; for n < 48 it stays K for the whole first sweep), while s_i,
+# column i of the current Sigma, and mu are exact. Set gpclab._EP_BLOCK = 1
+# before calling ep.py_func to see Sigma's lower triangle follow every site
+# (the compiled ep read _EP_BLOCK when it was compiled and keeps 48).
 
 @njit(cache=True)
 def _ep_tau_max(K):
@@ -1929,58 +1955,58 @@ def ep(K, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_sweeps=100,
     -------
     EPResult: nu_tilde, tau_tilde, log_Z (3.65); Sigma, mu (3.53); L = cholesky(B);
     n_sweeps; converged; delta (largest relative site change in the last sweep);
-    n_skipped (sites with no cavity precision > 0: left unchanged; log_Z nan).
+    n_skipped (sites with no cavity precision > 0: left unchanged; log_Z nan);
+    ep.py_func returns them as a plain tuple.
 
     Notes
     -----
     Departures (see the comment above): lines 7-9 give tau~_i, nu~_i directly
-    from the derivatives of log Z_hat_i (_site_update, no cancellation), with
-    0 <= tau~ <= tau_max; Sigma's rank-one updates in blocks; mu in O(n); a warm
-    start; log Z_EP after every sweep. Erratum: line 14 is L\\, not the printed
+    (_site_update, no cancellation), 0 <= tau~ <= tau_max; Sigma's rank-one
+    updates in blocks of _EP_BLOCK; mu in O(n); a warm start; log Z_EP each sweep. Erratum: line 14 is L\\, not the printed
     L^T\\ (show_box("3.5")). Used in: lectures/sec3_06_ep.ipynb.
     """
-    n = y.shape[0]
-    noise = _ep_noise(likelihood)                             # probit: a step site of f + N(0, 1) noise
-    tau_max = _ep_tau_max(K)                                  # see the comment above
+    n = y.shape[0]                                            # for line 4: n sites
+    noise = _ep_noise(likelihood)                             # for line 7: the site's noise; probit: a step site of f + N(0, 1) noise
+    tau_max = _ep_tau_max(K)                                  # for line 7: the largest tau~_i allowed; see the comment above
     if nu_tilde_init is None:                                 # (the face passes zeros; py_func may get None)
         nu_tilde_init, tau_tilde_init = np.zeros(n), np.zeros(n)
     # departs from line 2: warm-started from the sites given (zeros are the box's start)
     nu_tilde, tau_tilde, Sigma, mu = _ep_init(K, nu_tilde_init, tau_tilde_init)  # line 2: nu~ := 0, tau~ := 0, Sigma := K, mu := 0
     if order == "random":
         np.random.seed(seed)
-    U, c, s = np.empty((_EP_BLOCK, n)), np.empty(_EP_BLOCK), np.empty(n)  # pending updates of line 10; s_i
-    log_Z_old = np.inf
-    converged = False
+    # In a debugger Sigma is the last applied block's (lower triangle), s_i and mu exact; _EP_BLOCK = 1: each site
+    U, c, s_i = np.empty((_EP_BLOCK, n)), np.empty(_EP_BLOCK), np.empty(n)  # for line 10: pending updates; s_i
+    log_Z_old = np.inf                                        # for line 16: no previous log Z_EP
+    converged = False                                         # for line 18
     for n_sweeps in range(1, max_sweeps + 1):                 # line 3: repeat
-        perm = np.random.permutation(n) if order == "random" else np.arange(n)
-        delta, n_skipped = 0.0, 0
-        m = np.int64(0)                                       # pending updates (not 0: a literal argument compiles the helpers twice)
+        perm = np.random.permutation(n) if order == "random" else np.arange(n)  # for line 4: the order of the sites
+        delta, n_skipped = 0.0, 0                             # for line 16: largest site change of the sweep; skipped sites
+        m = np.int64(0)                                       # for line 10: no pending update (np.int64: a literal 0 would compile the helpers twice)
         for i in perm:                                        # line 4: for i := 1 to n
-            _current_column(Sigma, U, c, m, i, s)             # s_i, column i of the current Sigma
-            if not (s[i] > 0.0 and 1.0 / s[i] > tau_tilde[i]):
+            _current_column(Sigma, U, c, m, i, s_i)           # for line 5: s_i := column i of Sigma, s_i[i] = sigma_i^2
+            if not (s_i[i] > 0.0 and 1.0 / s_i[i] > tau_tilde[i]):
                 # departs from lines 5-11: no cavity in floating point (none needed if f_i is known): skip
-                n_skipped += s[i] != 0.0 or tau_tilde[i] != 0.0
+                n_skipped += s_i[i] != 0.0 or tau_tilde[i] != 0.0
                 continue
-            tau_cav = 1.0 / s[i] - tau_tilde[i]               # line 5: tau_-i := sigma_i^-2 - tau~_i  (3.56)
-            nu_cav = mu[i] / s[i] - nu_tilde[i]               # line 6: nu_-i := sigma_i^-2 mu_i - nu~_i
-            # departs from lines 7-9: mu_hat and sigma_hat^2 (3.58) are not formed; _site_update gives the
-            # new tau~_i, nu~_i of (3.59) straight from the derivatives of log Z_hat_i, without cancellation
+            tau_cav = 1.0 / s_i[i] - tau_tilde[i]             # line 5: tau_-i := sigma_i^-2 - tau~_i  (3.56)
+            nu_cav = mu[i] / s_i[i] - nu_tilde[i]             # line 6: nu_-i := sigma_i^-2 mu_i - nu~_i
+            # departs from lines 7-9: mu_hat, sigma_hat^2 (3.58) only implied; tau~_i, nu~_i without cancellation
             tau_new, nu_new = _site_update(y[i], tau_cav, nu_cav, noise, eps, tau_max)  # line 7: tau~_i, nu~_i from d log Z_hat_i (3.58, 3.59)
             d_tau = tau_new - tau_tilde[i]                    # line 8: d_tau := sigma_hat^-2 - tau_-i - tau~_i, tau~_i += d_tau  (3.59)
-            tau_tilde[i] = tau_new
-            d_nu = nu_new - nu_tilde[i]
+            tau_tilde[i] = tau_new                            # for line 8: tau~_i := tau~_i + d_tau
+            d_nu = nu_new - nu_tilde[i]                       # for line 11: d_nu, the change of nu~_i
             nu_tilde[i] = nu_new                              # line 9: nu~_i := sigma_hat^-2 mu_hat - nu_-i
-            delta = max(delta, abs(d_tau) / (1.0 + tau_new), abs(d_nu) / (1.0 + abs(nu_new)))
-            ci = d_tau / (1.0 + d_tau * s[i])                 # ((d_tau)^-1 + Sigma_ii)^-1
-            m = _rank_one_update(Sigma, U, c, m, s, ci)       # line 10: Sigma := Sigma - ci s_i s_i^T  (3.70)
-            mu += (d_nu * (1.0 - ci * s[i]) - ci * mu[i]) * s  # line 11: mu := Sigma nu~, by the rank-one identity
+            delta = max(delta, abs(d_tau) / (1.0 + tau_new), abs(d_nu) / (1.0 + abs(nu_new)))  # for line 16: largest relative site change
+            ci = d_tau / (1.0 + d_tau * s_i[i])               # for line 10: ci := ((d_tau)^-1 + Sigma_ii)^-1
+            m = _rank_one_update(Sigma, U, c, m, s_i, ci)     # line 10: Sigma := Sigma - ci s_i s_i^T  (3.70), deferred
+            mu += (d_nu * (1.0 - ci * s_i[i]) - ci * mu[i]) * s_i  # line 11: mu := Sigma nu~, by the rank-one identity
         Sigma, mu, L = _ep_posterior(K, tau_tilde, nu_tilde)  # lines 13-15: L := cholesky(B), V := L\S~^1/2 K, Sigma := K - V^T V, mu := Sigma nu~
-        # departs from line 17: log Z_EP is computed after every sweep, for line 16's test; the last one is returned
+        # out of the box's order (line 17 before 16): log Z_EP after every sweep, for line 16's test
         log_Z, n_bad = _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L, noise, eps)  # line 17: log Z_EP (3.65, 3.73-3.75), existing L
         if abs(log_Z - log_Z_old) < tol and delta < math.sqrt(tol):  # line 16: until convergence
             converged = True
             break
-        log_Z_old = log_Z
+        log_Z_old = log_Z                                     # for line 16: log Z_EP of this sweep
     return nu_tilde, tau_tilde, log_Z, Sigma, mu, L, n_sweeps, converged, delta, max(n_skipped, n_bad)  # line 18
 
 
@@ -2013,22 +2039,22 @@ def ep_predict(nu_tilde, tau_tilde, K, K_star, k_star_star, L=None, likelihood="
     For 'step', line 7 is eps + (1 - 2 eps) Phi(f_bar_* / sqrt(V[f_*])) (K&G 26):
     the latent noise is inside k(x_*, x_*), so no "1 +".
     """
-    sS = np.sqrt(tau_tilde)
+    sS = np.sqrt(tau_tilde)                                   # for line 2: sS := S~^1/2
     if L is None or L.shape[0] == 0:                          # no L given (the face passes it empty)
         L = _cholesky(_form_B(K, sS))                         # line 2: L := cholesky(I + S~^1/2 K S~^1/2)
     z = sS * solve_lower_transpose(L, solve_lower(L, sS * (K @ nu_tilde)))  # line 3: z := S~^1/2 L^T\(L\(S~^1/2 K nu~))
     f_bar_star = K_star.T @ (nu_tilde - z)                    # line 4: f_bar_* := k(x_*)^T (nu~ - z)  (3.60, 3.71)
     v = solve_lower_matrix(L, _scale_rows(sS, K_star))        # line 5: v := L\(S~^1/2 k(x_*))
     V_f_star = k_star_star - (v * v).sum(axis=0)              # line 6: V[f_*] := k(x_*, x_*) - v^T v  (3.61, 3.72)
-    noise = _ep_noise(likelihood)
-    pi_bar_star = np.empty(f_bar_star.shape[0])
-    for j in range(f_bar_star.shape[0]):
-        sd = math.sqrt(noise + max(V_f_star[j], 0.0))
+    noise = _ep_noise(likelihood)                             # for line 7: probit: 1, a step site of f + N(0, 1) noise; step: 0
+    pi_bar_star = np.empty(f_bar_star.shape[0])               # for line 7
+    for j in range(f_bar_star.shape[0]):                      # for line 7: each test input
+        sd = math.sqrt(noise + max(V_f_star[j], 0.0))         # for line 7: sd := sqrt(1 + V[f_*]) (probit)
         if sd > 0.0:
             P = std_normal_cdf(f_bar_star[j] / sd)            # line 7: pi_bar_* := Phi(f_bar_* / sqrt(1 + V[f_*]))  (3.63; K&G 25)
         else:                                                 # no latent noise and V = 0: a step
             P = 1.0 if f_bar_star[j] > 0.0 else 0.0
-        pi_bar_star[j] = eps + (1.0 - 2.0 * eps) * P          # (K&G 26)
+        pi_bar_star[j] = eps + (1.0 - 2.0 * eps) * P          # for line 7: eps + (1 - 2 eps) Phi(f_bar_* / sd) (K&G 26)
     return pi_bar_star, f_bar_star, V_f_star                  # line 8: return pi_bar_*
 
 
@@ -2522,14 +2548,14 @@ def ais(K, y, likelihood, T=8000, R=3, step=None, n_leapfrog=None, seed=0, sched
     lines 4-7 for all runs at once; line 6 at f_t-1, correcting (31); the return
     line is the box's arithmetic mean.
     """
-    n = y.shape[0]
+    n = y.shape[0]                                            # for line 3: n latents
     tau = _ais_schedule(T, schedule)                          # line 1: temperature schedule tau
     L = _jittered_cholesky(K)
     steps, n_lf = _ais_steps(K, likelihood, tau, step, n_leapfrog)
     g, ll, log_w, n_acc, f = np.empty((R, n)), np.empty(R), np.zeros(R), np.zeros(R), np.empty(n)
     for r in range(R):                                        # line 2: for r = 1..R (lines 4-7 below for all r)
         np.random.seed(seed + r)
-        for i in range(n):
+        for i in range(n):                                    # for line 3
             g[r, i] = np.random.standard_normal()             # line 3: f_0 ~ N(0, K), as f = L g with g ~ N(0, I)
         _lower_matvec(L, g[r], f)
         ll[r] = log_likelihood(likelihood, y, f)[0].sum()
@@ -2540,9 +2566,9 @@ def ais(K, y, likelihood, T=8000, R=3, step=None, n_leapfrog=None, seed=0, sched
         # corrects (31) at line 6: ln(Z_t/Z_t-1) is taken at f_t-1, before line 5's step (unbiased)
         _ais_block(L, y, likelihood, tau, t0, min(t0 + _AIS_BLOCK, T + 1), g, ll, log_w, n_acc,
                    steps, n_lf, seed)                         # lines 5-6: f_t by HMC at tau(t); ln(Z_t/Z_t-1) (31)
-    m = log_w.max()
+    m = log_w.max()                                           # for line 8: m := max_r ln Z_r, so that exp does not overflow
     w = np.exp(log_w - m)                                     # line 8: Z_r = prod_t Z_t/Z_t-1 (32), over e^max
-    mean_w = w.mean()
+    mean_w = w.mean()                                         # for line 10: (1/R) sum_r Z_r, over e^m
     log_Z = m + math.log(mean_w)                              # line 10: ln Z = ln((1/R) sum_r Z_r)
     se = math.sqrt(((w - mean_w) ** 2).sum() / (R - 1) / R) / mean_w if R > 1 else np.nan
     return log_Z, log_w, se, n_acc.sum() / (R * T), w.sum() ** 2 / (w * w).sum()
@@ -3643,13 +3669,17 @@ BOXES = {
                "lines 8-9 directly from the derivatives of log Ẑ_i (r = N(z)/Φ(z) and z + r), because "
                "σ̂_i^−2 − τ_−i loses every digit for a well-classified site; τ̃_i is kept in "
                "[0, τ_max]. likelihood='step' uses K&G's site (K&G 20-21)",
-            10: "the rank-one updates are collected over 48 sites and applied together as two BLAS "
-                "rank-k updates (_rank_one_update); s_i is read through the pending ones",
+            10: "the rank-one updates wait in U, c (m of them) and are applied together every 48 sites "
+                "(_EP_BLOCK) as two BLAS rank-k updates (_rank_one_update), to Σ's lower triangle only "
+                "(the upper one is filled at lines 13-15); s_i is read through the pending ones. So while "
+                "stepping through ep.py_func, Σ holds the state of the last applied block (lower triangle "
+                "only; with n < 48, K for the whole first sweep), while s_i (column i) and μ are exact. "
+                "gpclab._EP_BLOCK = 1 before calling ep.py_func makes Σ's lower triangle follow every site "
+                "(the compiled ep keeps 48)",
             11: "μ := Σ ν̃ in O(n) by the rank-one identity μ + s_i (Δν̃ (1 − c Σ_ii) − c μ_i), "
                 "c = ((Δτ̃)^−1 + Σ_ii)^−1, instead of an n × n product",
             16: "converged when log Z_EP changed by less than tol and no site by more than √tol "
                 "(relative) over the sweep",
-            17: "log Z_EP after every sweep, for line 16's test; the last one is returned",
         },
         "moved": {
             17: "computed after each sweep's lines 13-15, for line 16's test (and the last one returned)",
@@ -3700,9 +3730,11 @@ BOXES = {
                 "right": "ln(Z_t/Z_{t−1}) ≃ (τ(t) − τ(t−1)) ln p(y|f_{t−1}), before line 5's step",
                 "why": "(30a) is an expectation under q(f|D, θ, τ(t−1)), the state before the "
                        "transition at τ(t) (Neal 2001); at f_t the estimate is biased by O(1/T)",
-                "checked": "probit, n = 8, R = 20000, against the exact evidence: at f_t ln Z is "
-                           "1.55 (T = 4) and 0.46 (T = 16) too high; at f_{t−1} within 2 standard "
-                           "errors (0.005, −0.010)"},
+                "checked": "tests/test_transcriptions.py::test_ais_line_6_erratum_against_the_exact_"
+                           "evidence: probit, n = 8, R = 20000 runs, ln Z − exact ln Z "
+                           "(exact_log_evidence_probit): at f_t, as printed, +0.996 (T = 4) and +0.304 "
+                           "(T = 16), over 10 standard errors; at f_{t−1}, corrected, +0.002 (T = 4, "
+                           "standard error 0.009) and +0.000 (T = 16, standard error 0.004)"},
         },
         "departs": {
             2: "the loops are nested the other way: the temperatures (line 4) run outside the runs, "
@@ -3719,7 +3751,8 @@ BOXES = {
 }
 
 _LABEL = re.compile(r"#\s*lines?\s+(\d+)(?:\s*-\s*(\d+))?\s*(?::\s*(.*))?$")
-_HELPER_LABEL = re.compile(r"#\s*((?:(?:3\.\d|AIS)\s+lines?\s+\d+(?:\s*-\s*\d+)?\s*,\s*)*"
+_PART_LABEL = re.compile(r"#\s*for\s+lines?\s+(\d+)(?:\s*-\s*(\d+))?\s*(?::\s*(.*))?$")
+_HELPER_LABEL = re.compile(r"#\s*(?:for\s+)?((?:(?:3\.\d|AIS)\s+lines?\s+\d+(?:\s*-\s*\d+)?\s*,\s*)*"
                            r"(?:3\.\d|AIS)\s+lines?\s+\d+(?:\s*-\s*\d+)?)\s*(?::\s*(.*))?$")
 
 
@@ -3767,10 +3800,20 @@ def box_labels(name):
             for m, code in _labelled_statements(globals()[box["function"]], _LABEL.match)]
 
 
+def box_parts(name):
+    """The code lines of a box's function that compute a part of a box line, labelled
+    `# for line N: ...` (e.g. ci of line 10 in ep): (first, last, code, label text) in the
+    order of the source. show_box shows them under line N, with the line's own label."""
+    _, box = _box(name)
+    return [(int(m.group(1)), int(m.group(2) or m.group(1)), code, (m.group(3) or "").strip())
+            for m, code in _labelled_statements(globals()[box["function"]], _PART_LABEL.match)]
+
+
 def helper_labels(name):
     """The labelled code lines of a box's helpers (BOXES[name]["helpers"]): a list of
     (first, last, code, label text, helper), for each trailing comment naming the box, as
-    `# 3.4 line 19: ...` or `# 3.3 line 6, 3.4 line 4: ...`."""
+    `# 3.4 line 19: ...` or `# 3.3 line 6, 3.4 line 4: ...`, or a part of a line, as
+    `# for 3.5 line 7: ...`."""
     key, box = _box(name)
     out = []
     for helper in box.get("helpers", ()):
@@ -3811,19 +3854,22 @@ class _BoxView:
     its side comment, the correction) and beside it the code that carries its label, the helpers'
     labelled lines, and the notes: erratum, departure, out of the box's order."""
 
-    LEFT = 56                                    # display columns of the box's column
-    NOTE = 78                                    # of a note in the code's column
+    LEFT = 56                                    # display columns of the box's column, at most
+    WIDTH = 100                                  # of the whole, when the terminal's is not known
 
     def __init__(self, key, box):
         self.key, self.box = key, box
         labels = box_labels(key)
+        fn = globals()[box["function"]]
+        own = [(int(m.group(1)), c) for m, c in               # labels and parts, in the source's order
+               _labelled_statements(fn, lambda text: _LABEL.match(text) or _PART_LABEL.match(text))]
         helpers = helper_labels(key)
         self.rows = []
         for number, text in box["lines"]:
             indent = text[:len(text) - len(text.lstrip())]
             statement, *comment = re.split(r"\s{2,}", text.strip(), maxsplit=1)
             erratum = box.get("errata", {}).get(number)
-            code = [c for first, last, c, _ in labels if first == number]
+            code = [c for first, c in own if first == number]
             inside = [first for first, last, c, _ in labels if first < number <= last]
             code += [f"{h}: {c}" for first, last, c, _, h in helpers if first <= number <= last]
             if not code and inside:
@@ -3858,17 +3904,29 @@ class _BoxView:
         return out
 
     def _right(self, row):
-        """The code's column of a row: the code lines whole, the notes wrapped to NOTE columns."""
-        out = list(row["code"])
+        """The code's column of a row: the code lines and the notes wrapped to RIGHT columns,
+        a wrapped line's continuation indented."""
+        out = []
+        for code in row["code"]:
+            out += _wrap("", code, self.RIGHT, "    ")
         for kind, text in row["notes"]:
-            out += _wrap(f"  {kind}: ", text, self.NOTE, "    ")
+            out += _wrap(f"  {kind}: ", text, self.RIGHT, "    ")
         return out
 
+    def _widths(self):
+        """(LEFT, RIGHT): the columns' widths for the terminal's width (shutil.get_terminal_size,
+        WIDTH when it is not known): the box's column 45 % of it, at most LEFT = 56."""
+        import shutil
+        total = shutil.get_terminal_size((self.WIDTH, 24)).columns
+        left = min(type(self).LEFT, max(28, (total - 3) * 9 // 20))
+        return left, max(total - left - 3, 24)
+
     def __str__(self):
-        head = self._header()
-        out = [head, "=" * _display_width(head),
-               f"{'the box (! marks an erratum)':<{self.LEFT}} | gpclab.{self.box['function']}",
-               "-" * self.LEFT + "-+-" + "-" * 40]
+        self.LEFT, self.RIGHT = self._widths()
+        head = _wrap("", self._header(), self.LEFT + 3 + self.RIGHT, "    ")
+        out = head + ["=" * min(max(map(_display_width, head)), self.LEFT + 3 + self.RIGHT),
+                      f"{'the box (! marks an erratum)':<{self.LEFT}} | gpclab.{self.box['function']}",
+                      "-" * self.LEFT + "-+-" + "-" * self.RIGHT]
         for row in self.rows:
             left, right = self._left(row), self._right(row)
             for k in range(max(len(left), len(right))):
@@ -3881,19 +3939,39 @@ class _BoxView:
     __repr__ = __str__
 
     def _repr_html_(self):
+        """The same as a two-column table. Each line of a cell wraps under its own indent (a
+        hanging indent in ch), in a monospace font that has the combining tilde and hat."""
         import html
-        cell = 'style="text-align:left; vertical-align:top; font-family:monospace; white-space:pre-wrap"'
+        font = "font-family:'DejaVu Sans Mono','Menlo','Consolas','Liberation Mono',monospace"
+        cell = f'style="text-align:left; vertical-align:top; {font}; white-space:pre-wrap"'
+        left_cell = f'style="text-align:left; vertical-align:top; {font}; white-space:pre-wrap; min-width:48ch"'
+
+        def line(text, hang, tag=None):
+            body = _html_accents(html.escape(text))
+            if tag:
+                body = f"<{tag}>{body}</{tag}>"
+            return f'<div style="padding-left:{hang}ch; text-indent:-{hang}ch">{body}</div>'
         rows = [f"<tr><th {cell} colspan=\"2\">{html.escape(self._header())}</th></tr>"]
         for row in self.rows:
-            left = html.escape(f"{row['number']:>3}{'!' if row['right'] else ' '} {row['statement']}")
+            statement = row["statement"]
+            indent = len(statement) - len(statement.lstrip())
+            left = line(f"{row['number']:>3}{'!' if row['right'] else ' '} {statement}", 5 + indent + 4)
             if row["comment"]:
-                left += f"<br><small>     [{html.escape(row['comment'])}]</small>"
+                left += line(f"     [{row['comment']}]", 6, "small")
             if row["right"]:
-                left += f"<br><b>     correct: {html.escape(row['right'])}</b>"
-            right = [html.escape(c) for c in row["code"]]
-            right += [f"<i>{html.escape(kind)}: {html.escape(text)}</i>" for kind, text in row["notes"]]
-            rows.append(f"<tr><td {cell}>{left}</td><td {cell}>{'<br>'.join(right)}</td></tr>")
-        return "<table>" + "".join(rows) + "</table>"
+                left += line(f"     correct: {row['right']}", 14, "b")
+            right = "".join(line(c, 4) for c in row["code"])
+            right += "".join(line(f"{kind}: {text}", 4, "i") for kind, text in row["notes"])
+            rows.append(f"<tr><td {left_cell}>{left}</td><td {cell}>{right}</td></tr>")
+        return '<table style="width:100%">' + "".join(rows) + "</table>"
+
+
+def _html_accents(text):
+    """Letters with a combining hat, tilde or bar (f̂, τ̃, π̄; there are no precomposed forms) set in
+    a font that puts the mark over the letter: DejaVu Sans Mono, the table's font, sets the marks
+    of Greek letters beside them; Liberation Mono and DejaVu Sans place them."""
+    return re.sub("(.[\u0302\u0303\u0304]+)", "<span style=\"font-family:'Liberation Mono','DejaVu Sans',"
+                  "'Segoe UI','Helvetica Neue',sans-serif\">\\1</span>", text)
 
 
 def show_box(name):
