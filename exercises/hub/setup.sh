@@ -4,15 +4,24 @@
 # clone of the repository; the README's "A course hub (JupyterHub): one command" says what each
 # step does.
 #
-#   exercises/hub/setup.sh install --instructor NAME [--port 8000]   set up (or check) and start
-#   exercises/hub/setup.sh add-student NAME [NAME...]               a Unix user in the course
+#   exercises/hub/setup.sh install --instructor NAME [--port 8000] [--hub-port 8081]
+#                                  [--proxy-api-port 8001] [--no-restart]   set up (or check), start
+#   exercises/hub/setup.sh add-student NAME [NAME...]               Unix users in the course
+#   exercises/hub/setup.sh add-student --from FILE.csv [--passwords OUT.csv]   (OUT: mode 600)
 #   exercises/hub/setup.sh start | stop | status                    the hub
-#   exercises/hub/setup.sh uninstall [--keep-venv] [--remove-users] the hub, its files and folders
+#   exercises/hub/setup.sh archive [--to DIR]        gradebook, grades, course, exchange: a
+#                                                    root-only tarball (end of term)
+#   exercises/hub/setup.sh uninstall [--keep-venv] [--remove-users [--remove-instructor]]
+#                                    archives first, then removes the hub, its files and folders
 #
-# Running `install` again changes nothing that is already as it should be (it only reports).
+# Ports: 8000 (users, 127.0.0.1; put a TLS reverse proxy in front), 8081 (the hub's API) and
+# 8001 (the proxy's API), both 127.0.0.1 only. Running `install` again changes nothing that is
+# already as it should be (it only reports); it restarts the hub (stopping every user's running
+# server) only when the hub's own configuration changed, and never with --no-restart.
 # Locations can be moved with environment variables (defaults in brackets):
 #   GPCLAB_COURSE_PREFIX [/opt/gpclab-course]  the venv, configurable-http-proxy, the hub's state
 #   GPCLAB_EXCHANGE      [/srv/nbgrader/exchange]  nbgrader's exchange root
+#   GPCLAB_ARCHIVE_DIR   [/var/backups/gpclab-course]  where archive (and uninstall) put tarballs
 set -euo pipefail
 umask 022
 # the caller's Python settings must not reach the venv, the compile step or the hub (whose
@@ -42,15 +51,35 @@ die() { printf '%s\n' "gpclab-hub: error: $*" >&2; exit 1; }
 need_root() { [ "$(id -u)" = 0 ] || die "run as root (it creates users, /etc files and the hub)"; }
 
 # ---- small idempotent helpers -----------------------------------------------------------------
+# the files this recipe wrote, with the hash of what it wrote ("HASH  PATH" lines, root only): a
+# file found different from what the recipe last wrote (or that it never wrote) is kept as
+# PATH.before-gpclab-<time> before being replaced
+WRITTEN=$STATE/written-files
+written_hash() { [ -f "$WRITTEN" ] && awk -v p="$1" 'substr($0, 67) == p { h = $1 } END { if (h) print h }' "$WRITTEN"; }
+record_written() {
+    local h; h=$(sha256sum < "$1" | cut -c1-64)
+    [ -d "$(dirname "$WRITTEN")" ] || return 0
+    { [ -f "$WRITTEN" ] && awk -v p="$1" 'substr($0, 67) != p' "$WRITTEN"; echo "$h  $1"; } > "$WRITTEN.new"
+    chmod 600 "$WRITTEN.new"; mv -f "$WRITTEN.new" "$WRITTEN"
+}
 # install_file SRC DEST MODE OWNER: copy only if the content, mode or owner differ; sets CHANGED
 CHANGED=0
 install_file() {
     local src=$1 dest=$2 mode=$3 owner=$4
     if [ -f "$dest" ] && cmp -s "$src" "$dest" \
         && [ "$(stat -c '%a %U:%G' "$dest")" = "$mode $owner" ]; then
+        [ -n "$(written_hash "$dest")" ] || record_written "$dest"
         return 0
     fi
+    if [ -L "$dest" ]; then die "$dest is a symbolic link; expected a file"; fi
+    if [ -f "$dest" ] && ! cmp -s "$src" "$dest" \
+        && [ "$(sha256sum < "$dest" | cut -c1-64)" != "$(written_hash "$dest")" ]; then
+        local keep; keep="$dest.before-gpclab-$(date -u +%Y%m%dT%H%M%SZ)"
+        cp -p "$dest" "$keep"
+        say "kept $dest as $keep (it was not written by this recipe, or was changed since)"
+    fi
     install -D -m "$mode" -o "${owner%%:*}" -g "${owner##*:}" "$src" "$dest"
+    record_written "$dest"
     say "wrote $dest"
     CHANGED=1
 }
@@ -61,12 +90,15 @@ install_text() {
     install_file "$tmp" "$1" "$2" "$3"
     rm -f "$tmp"
 }
-# ensure_dir PATH MODE OWNER: create, or correct mode and owner
+# ensure_dir PATH MODE OWNER: create, or correct mode and owner (only folders the recipe owns:
+# never a folder's parent, never a system folder)
 ensure_dir() {
     local path=$1 mode=$2 owner=$3
     if [ -L "$path" ]; then die "$path is a symbolic link; expected a folder"; fi
+    refuse_system_dir "$path"
     if [ ! -d "$path" ]; then
-        mkdir -p "$path"
+        ensure_parent "$path"
+        mkdir "$path"
         say "created $path"
     fi
     if [ "$(stat -c '%a %U:%G' "$path")" != "$mode $owner" ]; then
@@ -75,24 +107,87 @@ ensure_dir() {
         say "set $path to $mode $owner"
     fi
 }
+# ensure_parent PATH: PATH's missing parents made (root's, 755); existing ones left as they are
+ensure_parent() {
+    local parent; parent=$(dirname "$1")
+    if [ ! -d "$parent" ]; then
+        mkdir -p -m 755 "$parent"
+        say "created $parent"
+    fi
+}
+# folders the recipe must never own, change or remove (its prefix or exchange set to one of them
+# by mistake): / and the system's top folders, and every user's home
+SYSTEM_DIRS="/ /bin /boot /dev /etc /home /lib /lib32 /lib64 /libx32 /media /mnt /opt /proc /root
+/run /sbin /srv /sys /tmp /usr /usr/bin /usr/lib /usr/local /usr/local/bin /usr/local/lib
+/usr/local/share /usr/sbin /usr/share /usr/src /var /var/backups /var/cache /var/lib /var/local
+/var/log /var/opt /var/spool /var/tmp /var/mail"
+is_system_dir() {
+    local p; p=$(realpath -m -- "$1")
+    local d
+    for d in $SYSTEM_DIRS; do [ "$p" = "$d" ] && return 0; done
+    getent passwd | cut -d: -f6 | grep -qxF -- "$p" && return 0
+    return 1
+}
+refuse_system_dir() {
+    if is_system_dir "$1"; then die "$1 is a system folder (or a home): the recipe will not own, change or remove it; choose a folder of its own, e.g. /opt/gpclab-course"; fi
+}
+PREFIX_MARK=.gpclab-course-prefix
+EXCHANGE_MARK=.gpclab-course-exchange
+# remove_marked DIR MARK: rm -rf DIR only if it is the recipe's own (holds MARK) and no system folder
+remove_marked() {
+    local dir=$1 mark=$2
+    [ -e "$dir" ] || return 0
+    if is_system_dir "$dir"; then say "not removing $dir: a system folder"; return 1; fi
+    if [ -L "$dir" ] || [ ! -f "$dir/$mark" ]; then
+        say "not removing $dir: it has no $mark, so this recipe did not make it"; return 1
+    fi
+    rm -rf -- "$dir"
+    say "removed $dir"
+}
 ensure_group() {
     getent group "$1" >/dev/null || { groupadd "$1"; say "created group $1"; }
 }
+# user names: what useradd accepts on Debian, less what JupyterHub would change (it lower-cases
+# names) or could not serve: lower-case letters, digits, _ . -, not starting with a digit, a dot
+# or a dash (a numeric student id becomes e.g. s2301234), at most 32 characters
+valid_user_name() { [[ $1 =~ ^[a-z_][a-z0-9_.-]{0,31}$ ]]; }
+# the users this recipe created (one per line), the only ones uninstall --remove-users removes
+CREATED_USERS=$STATE/created-users
 # ensure_user NAME GROUP: a Unix user with a private home (0700), in GROUP; a new user gets a
-# random password, printed once
+# random password, in NEW_PASSWORD (empty when the user existed)
 ensure_user() {
     local name=$1 group=$2
-    [[ $name =~ ^[a-z_][a-z0-9_-]{0,30}$ ]] || die "'$name' is not a valid user name (lower-case letters, digits, _ and -)"
+    NEW_PASSWORD=""
+    valid_user_name "$name" || die "'$name' is not a valid user name (lower-case letters, digits, _ . and -, starting with a letter or _, at most 32; prefix a numeric student id with a letter: s2301234)"
     if ! id "$name" >/dev/null 2>&1; then
         useradd --create-home --shell /bin/bash -K HOME_MODE=0700 "$name"
-        local pw; pw=$(head -c 12 /dev/urandom | base64 | tr -d '/+=')
-        echo "$name:$pw" | chpasswd
-        say "created user $name with password: $pw   (change it with: passwd $name)"
+        echo "$name" >> "$CREATED_USERS"
+        NEW_PASSWORD=$(head -c 12 /dev/urandom | base64 | tr -d '/+=')
+        echo "$name:$NEW_PASSWORD" | chpasswd
     fi
     id -nG "$name" | tr ' ' '\n' | grep -qx "$group" || { usermod -a -G "$group" "$name"; say "added $name to $group"; }
     local home; home=$(getent passwd "$name" | cut -d: -f6)
     [ -d "$home" ] || die "$name's home $home does not exist"
     if [ "$(stat -c '%a' "$home")" != 700 ]; then chmod 700 "$home"; say "made $home private (700)"; fi
+}
+say_password() {
+    [ -z "$NEW_PASSWORD" ] || say "created user $1 with password: $NEW_PASSWORD   (change it with: passwd $1)"
+}
+
+# remove_refused_script PYTHON MODULE INBOUND: the root-run wrapper that sudo lets instructors
+# run. It takes exactly one assignment name and nothing else (no option reaches the Python
+# script, whose inbound folder is fixed here), so it can remove nothing outside INBOUND.
+remove_refused_script() {
+    cat <<END
+#!/bin/sh
+# remove the submissions of one assignment in the exchange's inbound that collect refuses
+# (see gpclab_checked_exchange); usage: sudo \$0 ASSIGNMENT
+if [ \$# -ne 1 ]; then echo "usage: remove-refused ASSIGNMENT (one assignment name, no options)" >&2; exit 2; fi
+case \$1 in
+    ''|.*|-*|*[!A-Za-z0-9_.-]*) echo "remove-refused: not an assignment name: '\$1' (letters, digits, _ . -)" >&2; exit 2;;
+esac
+exec "$1" -I "$2" --inbound "$3" -- "\$1"
+END
 }
 
 load_settings() {
@@ -113,12 +208,14 @@ hub_up() { curl -fsS -o /dev/null "http://127.0.0.1:$PORT/hub/api/" 2>/dev/null;
 cmd_install() {
     need_root
     load_settings
+    NO_RESTART=0
     while [ $# -gt 0 ]; do
         case $1 in
             --instructor) INSTRUCTOR=$2; shift 2;;
             --port) PORT=$2; shift 2;;
             --hub-port) HUB_PORT=$2; shift 2;;
             --proxy-api-port) PROXY_API_PORT=$2; shift 2;;
+            --no-restart) NO_RESTART=1; shift;;
             *) die "install: unknown argument '$1'";;
         esac
     done
@@ -139,20 +236,29 @@ cmd_install() {
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     fi
 
-    # 2. groups and the instructor
-    ensure_group "$STUDENTS_GROUP"
-    ensure_group "$INSTRUCTORS_GROUP"
-    ensure_user "$INSTRUCTOR" "$INSTRUCTORS_GROUP"
-    local ihome; ihome=$(getent passwd "$INSTRUCTOR" | cut -d: -f6)
-    local igroup; igroup=$(id -gn "$INSTRUCTOR")
-
-    # 3. the course prefix: world-readable software, root-only hub state
+    # 2. the course prefix: world-readable software, root-only hub state. A folder of its own:
+    #    never a system folder; an existing one only if this recipe made it (its marker file)
+    refuse_system_dir "$PREFIX"
+    refuse_system_dir "$EXCHANGE"
+    if [ -d "$PREFIX" ] && [ ! -f "$PREFIX/$PREFIX_MARK" ] && [ ! -f "$SETTINGS" ] \
+        && [ -n "$(ls -A "$PREFIX")" ]; then
+        die "$PREFIX exists, is not empty and was not made by this recipe (no $PREFIX_MARK): choose another GPCLAB_COURSE_PREFIX"
+    fi
     ensure_dir "$PREFIX" 755 root:root
+    [ -f "$PREFIX/$PREFIX_MARK" ] || echo "gpclab course hub prefix (exercises/hub/setup.sh); uninstall removes this folder" > "$PREFIX/$PREFIX_MARK"
     ensure_dir "$PREFIX/etc" 755 root:root
     ensure_dir "$PREFIX/bin" 755 root:root
     ensure_dir "$PREFIX/lib" 755 root:root
     ensure_dir "$STATE" 700 root:root
     ensure_dir "$PREFIX/log" 700 root:root
+
+    # 3. groups and the instructor
+    ensure_group "$STUDENTS_GROUP"
+    ensure_group "$INSTRUCTORS_GROUP"
+    ensure_user "$INSTRUCTOR" "$INSTRUCTORS_GROUP"; say_password "$INSTRUCTOR"
+    local ihome; ihome=$(getent passwd "$INSTRUCTOR" | cut -d: -f6)
+    local igroup; igroup=$(id -gn "$INSTRUCTOR")
+
     install_text "$SETTINGS" 644 root:root <<END
 # written by exercises/hub/setup.sh install
 INSTRUCTOR=$INSTRUCTOR
@@ -235,8 +341,17 @@ END
     # 7. the exchange: a sticky, world-writable root (nbgrader's exchange commands require it)
     #    and this course's folder made here, owned by the instructor, before any student can
     #    log in: nobody else can create, replace or list it. inbound is write-only for students.
-    ensure_dir "$(dirname "$EXCHANGE")" 755 root:root
+    #    An existing exchange root is used only if this recipe made it (its marker file) or it
+    #    already is what nbgrader needs (1777, root's); its parents are never changed.
+    if [ -d "$EXCHANGE" ] && [ ! -f "$EXCHANGE/$EXCHANGE_MARK" ] \
+        && [ "$(stat -c '%a %U' "$EXCHANGE")" != "1777 root" ]; then
+        die "$EXCHANGE exists (mode $(stat -c '%a %U' "$EXCHANGE")) and was not made by this recipe: choose another GPCLAB_EXCHANGE"
+    fi
+    local fresh_exchange=0; [ -d "$EXCHANGE" ] || fresh_exchange=1
     ensure_dir "$EXCHANGE" 1777 root:root
+    if [ "$fresh_exchange" = 1 ]; then
+        echo "gpclab course hub exchange root (exercises/hub/setup.sh); uninstall removes this folder" > "$EXCHANGE/$EXCHANGE_MARK"
+    fi
     local cdir=$EXCHANGE/$COURSE_ID
     if [ -e "$cdir" ] && [ "$(stat -c %U "$cdir")" != "$INSTRUCTOR" ]; then
         die "$cdir belongs to $(stat -c %U "$cdir"), not to the instructor $INSTRUCTOR: someone made it first. Inspect and remove it, then run install again."
@@ -267,11 +382,8 @@ c.ExchangeFactory.collect = "gpclab_checked_exchange.CheckedCollect"
 END
     # the instructor removes refused submissions (owned by their forger) with
     #   sudo $PREFIX/bin/remove-refused ASSIGNMENT
-    install_text "$PREFIX/bin/remove-refused" 755 root:root <<END
-#!/bin/sh
-# remove the submissions in the exchange's inbound that collect refuses (see gpclab_checked_exchange)
-exec "$VENV/bin/python" -I "$PREFIX/lib/gpclab_checked_exchange.py" --inbound "$cdir/inbound" "\$@"
-END
+    remove_refused_script "$VENV/bin/python" "$PREFIX/lib/gpclab_checked_exchange.py" "$cdir/inbound" \
+        | install_text "$PREFIX/bin/remove-refused" 755 root:root
     install_text "$SUDOERS" 440 root:root <<END
 # gpclab course hub: instructors remove refused (forged) submissions from the exchange
 %$INSTRUCTORS_GROUP ALL=(root) NOPASSWD: $PREFIX/bin/remove-refused
@@ -444,9 +556,10 @@ main() {
         stop) cmd_stop;;
         status) cmd_status;;
         uninstall) shift; cmd_uninstall "$@";;
-        *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2;;
+        *) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 2;;
     esac
 }
 
-# the whole file is read before anything runs (an edit during a run cannot change it)
-main "$@"; exit $?
+# the whole file is read before anything runs (an edit during a run cannot change it); sourced
+# (as tests/test_hub_recipe.py does), it only defines its functions
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then main "$@"; exit $?; fi

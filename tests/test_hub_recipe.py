@@ -1,0 +1,232 @@
+"""Pieces of the hub recipe (exercises/hub/setup.sh, checked_exchange.py) that need no running hub
+and create no users: the root-run `remove-refused` wrapper, the path guards, the backup of files the
+recipe did not write, and the checked collect's refusal of special and unreadable files.
+
+setup.sh is sourced in bash (it then only defines its functions) with its prefix and exchange in a
+temporary folder. Tests that depend on file permissions being enforced are skipped for root where
+root ignores them (mode-000 reads), and the ones that need `chown` need root.
+"""
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SETUP = os.path.join(ROOT, "exercises", "hub", "setup.sh")
+HUB = os.path.join(ROOT, "exercises", "hub")
+sys.path.insert(0, HUB)
+import checked_exchange  # noqa: E402
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None or os.name != "posix",
+                                reason="the recipe is a bash script for Debian")
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _bash(script, prefix, exchange="/nonexistent/exchange", check=True):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(GPCLAB_COURSE_PREFIX=str(prefix), GPCLAB_EXCHANGE=str(exchange))
+    out = subprocess.run(["bash", "-c", f'source "{SETUP}"\n{script}'], capture_output=True,
+                         text=True, env=env, timeout=60)
+    if check and out.returncode != 0:
+        raise AssertionError(f"exited {out.returncode}:\n{out.stdout}\n{out.stderr}")
+    return out
+
+
+def _submission(inbound, student, assignment, files=("a.ipynb",)):
+    d = os.path.join(inbound, f"{student}+{assignment}+2026-01-01 10:00:00.000000 UTC+abcdef")
+    os.makedirs(d)
+    for f in files:
+        with open(os.path.join(d, f), "w") as fh:
+            fh.write("{}")
+        os.chmod(os.path.join(d, f), 0o644)
+    os.chmod(d, 0o777)
+    return d
+
+
+# ---- 1. remove-refused: one assignment name, nothing else ---------------------------------------
+@pytest.fixture
+def wrapper(tmp_path):
+    inbound = tmp_path / "exchange" / "gpclab" / "inbound"
+    inbound.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    script = _bash(f'remove_refused_script "{sys.executable}" "{HUB}/checked_exchange.py" "{inbound}"',
+                   tmp_path / "prefix").stdout
+    path = tmp_path / "remove-refused"
+    path.write_text(script)
+    path.chmod(0o755)
+    return path, inbound, elsewhere
+
+
+def test_remove_refused_takes_only_one_assignment_name(wrapper):
+    path, inbound, elsewhere = wrapper
+    # an entry elsewhere that the old wrapper (`--inbound "$inbound" "$@"`) would have removed
+    # as root: owned by nobody, named as root's (refused: it belongs to nobody)
+    victim = _submission(str(elsewhere), "root", "ex1")
+    if IS_ROOT:
+        nobody = pwd.getpwnam("nobody")
+        os.chown(victim, nobody.pw_uid, nobody.pw_gid)
+    for args in (["--inbound", str(elsewhere), "*"], ["--inbound=" + str(elsewhere), "ex1"],
+                 ["ex1", "--inbound", str(elsewhere)], ["*"], ["../x"], [".hidden"], ["a/b"],
+                 ["ex1", "ex2"], [""], [], ["-h"]):
+        out = subprocess.run([str(path), *args], capture_output=True, text=True)
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        assert "remove-refused" in out.stderr, (args, out.stderr)
+        assert os.path.isdir(victim), args
+    # one good name goes through to the inbound it was written for, and only there
+    out = subprocess.run([str(path), "ex1"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "0 refused submission(s) removed" in out.stdout
+    assert os.path.isdir(victim)
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="making a submission owned by another user needs root")
+def test_remove_refused_removes_a_refused_entry_in_its_inbound(wrapper):
+    path, inbound, _ = wrapper
+    nobody = pwd.getpwnam("nobody")
+    forged = _submission(str(inbound), "root", "ex1")
+    os.chown(forged, nobody.pw_uid, nobody.pw_gid)
+    fine = _submission(str(inbound), "root", "ex1".replace("1", "2"))
+    out = subprocess.run([str(path), "ex1"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert not os.path.exists(forged) and os.path.isdir(fine)
+    assert "1 refused submission(s) removed" in out.stdout
+
+
+def test_remove_refused_script_refuses_bad_names_itself(tmp_path):
+    for bad in ("*", "../x", ".x", "-x", "a b", "a+b"):
+        with pytest.raises(SystemExit) as e:
+            checked_exchange.main(["--inbound", str(tmp_path), bad])
+        assert e.value.code == 2
+
+
+# ---- 10. special and unreadable files in a submission ---------------------------------------
+def test_fifo_in_a_submission_is_refused(tmp_path):
+    d = _submission(str(tmp_path), "root", "ex1")
+    os.mkfifo(os.path.join(d, "pipe"))
+    assert checked_exchange.refusal_reason(d, "root") == "pipe is a named pipe (FIFO)"
+
+
+def test_unreadable_file_and_folder_are_refused(tmp_path):
+    d = _submission(str(tmp_path), "root", "ex1")
+    os.chmod(os.path.join(d, "a.ipynb"), 0o000)
+    assert checked_exchange.refusal_reason(d, "root") == \
+        "a.ipynb is a file others cannot read (mode 0)"
+    os.chmod(os.path.join(d, "a.ipynb"), 0o644)
+    assert checked_exchange.refusal_reason(d, "root") is None
+    os.mkdir(os.path.join(d, "sub"), 0o700)
+    os.chmod(os.path.join(d, "sub"), 0o700)
+    assert checked_exchange.refusal_reason(d, "root") == \
+        "sub is a folder others cannot read (mode 700)"
+
+
+def test_a_submission_as_nbgrader_submit_leaves_it_is_accepted(tmp_path):
+    d = _submission(str(tmp_path), "root", "ex1", files=("a.ipynb", "timestamp.txt"))
+    os.makedirs(os.path.join(d, "data"))
+    os.chmod(os.path.join(d, "data"), 0o755)
+    assert checked_exchange.refusal_reason(d, "root") is None
+
+
+def test_collect_skips_a_submission_with_a_fifo_and_collects_the_rest(tmp_path):
+    """nbgrader collect with the checked collect, on a temporary exchange: a student's submission
+    holding a FIFO is reported, the other student's is collected, and collect does not hang."""
+    pytest.importorskip("nbgrader")
+    exchange = tmp_path / "exchange"
+    inbound = exchange / "course1" / "inbound"
+    inbound.mkdir(parents=True)
+    os.chmod(exchange, 0o1777)
+    (exchange / "course1" / "outbound").mkdir()
+    good = _submission(str(inbound), "nbgood", "ex1")
+    bad = _submission(str(inbound), "nbbad", "ex1")
+    os.mkfifo(os.path.join(bad, "pipe"))
+    course = tmp_path / "course"
+    (course / "source" / "ex1").mkdir(parents=True)
+    (course / "nbgrader_config.py").write_text(
+        "c = get_config()\n"
+        f"c.Exchange.root = {str(exchange)!r}\n"
+        "c.CourseDirectory.course_id = 'course1'\n"
+        "c.ExchangeFactory.collect = 'checked_exchange.CheckedCollect'\n")
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    env["PYTHONPATH"] = os.pathsep.join([HUB, ROOT])
+    out = subprocess.run([sys.executable, "-m", "nbgrader", "collect", "ex1"], cwd=course, env=env,
+                         capture_output=True, text=True, timeout=300)
+    log = out.stdout + out.stderr
+    assert "REFUSED" in log and "pipe is a named pipe (FIFO)" in log, log
+    assert os.path.isfile(course / "submitted" / "nbgood" / "ex1" / "a.ipynb"), log
+    assert not os.path.exists(course / "submitted" / "nbbad"), log
+    assert os.path.isdir(good)
+
+
+# ---- 2. path guards -----------------------------------------------------------------------------
+@pytest.mark.parametrize("path", ["/", "/opt", "/opt/", "/usr", "/home", "/srv", "/tmp", "/var",
+                                  "/etc", "/usr/local", "/opt/../opt", "/root"])
+def test_system_folders_are_refused(tmp_path, path):
+    out = _bash(f'is_system_dir "{path}" && echo SYSTEM || echo OWN', tmp_path)
+    assert out.stdout.strip() == "SYSTEM"
+
+
+def test_own_folders_are_not_system_folders(tmp_path):
+    out = _bash(f'is_system_dir /opt/gpclab-course && echo SYSTEM || echo OWN; '
+                f'is_system_dir "{tmp_path}/x" && echo SYSTEM || echo OWN', tmp_path)
+    assert out.stdout.split() == ["OWN", "OWN"]
+
+
+def test_uninstall_removes_only_a_marked_prefix(tmp_path):
+    plain = tmp_path / "plain"
+    (plain / "keep").mkdir(parents=True)
+    out = _bash(f'remove_marked "{plain}" "$PREFIX_MARK" || echo REFUSED', tmp_path)
+    assert "REFUSED" in out.stdout and "did not make it" in out.stdout
+    assert (plain / "keep").is_dir()
+    marked = tmp_path / "marked"
+    marked.mkdir()
+    out = _bash(f'touch "{marked}/$PREFIX_MARK"; remove_marked "{marked}" "$PREFIX_MARK"', tmp_path)
+    assert not marked.exists()
+    # a system folder is refused even with the marker in it (nothing is written there: the
+    # check comes first)
+    out = _bash('remove_marked /opt "$PREFIX_MARK" || echo REFUSED', tmp_path)
+    assert "REFUSED" in out.stdout and "system folder" in out.stdout
+    assert os.path.isdir("/opt")
+
+
+def test_ensure_dir_leaves_an_existing_parent_alone(tmp_path):
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    parent.chmod(0o1777)
+    out = _bash(f'ensure_dir "{parent}/exchange" 1777 "$(id -un):$(id -gn)"', tmp_path)
+    assert stat.S_IMODE(os.stat(parent).st_mode) == 0o1777, out.stdout
+    assert stat.S_IMODE(os.stat(parent / "exchange").st_mode) == 0o1777
+    # a missing parent is made (755), nothing above it changes
+    _bash(f'ensure_dir "{parent}/a/b" 700 "$(id -un):$(id -gn)"', tmp_path)
+    assert stat.S_IMODE(os.stat(parent).st_mode) == 0o1777
+    assert stat.S_IMODE(os.stat(parent / "a" / "b").st_mode) == 0o700
+    out = _bash('ensure_dir /tmp 755 root:root', tmp_path, check=False)
+    assert out.returncode != 0 and "system folder" in out.stderr
+
+
+# ---- 4. backups of files the recipe did not write ------------------------------------------------
+def test_a_file_the_recipe_did_not_write_is_kept(tmp_path):
+    prefix = tmp_path / "prefix"
+    (prefix / "state").mkdir(parents=True)
+    dest = tmp_path / "etc" / "nbgrader_config.py"
+    dest.parent.mkdir()
+    dest.write_text("# the admin's own\n")
+    me = "$(id -un):$(id -gn)"
+    out = _bash(f'echo ours | install_text "{dest}" 644 "{me}"', prefix)
+    backups = [f for f in os.listdir(dest.parent) if f.startswith("nbgrader_config.py.before-gpclab-")]
+    assert len(backups) == 1, out.stdout
+    assert (dest.parent / backups[0]).read_text() == "# the admin's own\n"
+    assert dest.read_text() == "ours\n"
+    assert "kept" in out.stdout
+    # what the recipe wrote itself is replaced without a backup; a hand edit after it is kept
+    _bash(f'echo ours again | install_text "{dest}" 644 "{me}"', prefix)
+    assert len([f for f in os.listdir(dest.parent) if ".before-gpclab-" in f]) == 1
+    dest.write_text("edited by hand\n")
+    import time
+    time.sleep(1.1)         # the backup's name has the second
+    _bash(f'echo ours | install_text "{dest}" 644 "{me}"', prefix)
+    kept = sorted(f for f in os.listdir(dest.parent) if ".before-gpclab-" in f)
+    assert len(kept) == 2 and (dest.parent / kept[-1]).read_text() == "edited by hand\n"
