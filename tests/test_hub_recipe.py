@@ -230,3 +230,68 @@ def test_a_file_the_recipe_did_not_write_is_kept(tmp_path):
     _bash(f'echo ours | install_text "{dest}" 644 "{me}"', prefix)
     kept = sorted(f for f in os.listdir(dest.parent) if ".before-gpclab-" in f)
     assert len(kept) == 2 and (dest.parent / kept[-1]).read_text() == "edited by hand\n"
+
+
+# ---- 6. only a change of the hub's own configuration asks for a restart -------------------------
+def test_hub_tracked_marks_only_tracked_changes(tmp_path):
+    prefix = tmp_path / "prefix"
+    (prefix / "state").mkdir(parents=True)
+    me = "$(id -un):$(id -gn)"
+    # (here-strings: a pipe would run the function in a subshell, losing the flags)
+    out = _bash(f'install_text "{tmp_path}/lecture" 644 "{me}" <<< a; echo "$CHANGED $HUB_CHANGED"; '
+                f'hub_tracked install_text "{tmp_path}/hubconf" 644 "{me}" <<< b; echo "$CHANGED $HUB_CHANGED"',
+                prefix)
+    assert out.stdout.split("\n")[1::2][:2] == ["1 0", "1 1"], out.stdout
+    out = _bash(f'hub_tracked install_text "{tmp_path}/hubconf" 644 "{me}" <<< b; echo "$CHANGED $HUB_CHANGED"',
+                prefix)
+    assert out.stdout.strip() == "0 0", out.stdout
+
+
+# ---- 5. archive --------------------------------------------------------------------------------
+@pytest.mark.skipif(not IS_ROOT, reason="archive runs as root")
+def test_archive_is_a_root_only_tarball_of_the_exchange_and_course(tmp_path):
+    import tarfile
+    prefix = tmp_path / "prefix"
+    (prefix / "etc").mkdir(parents=True)
+    exchange = tmp_path / "exchange"
+    (exchange / "gpclab" / "inbound").mkdir(parents=True)
+    (exchange / "gpclab" / "inbound" / "work.txt").write_text("submitted")
+    (prefix / "etc" / "course.env").write_text(
+        f"INSTRUCTOR=nobody\nPORT=8000\nHUB_PORT=8081\nPROXY_API_PORT=8001\nEXCHANGE={exchange}\n"
+        "COURSE_ID=gpclab\nSTUDENTS_GROUP=x\nINSTRUCTORS_GROUP=y\n")
+    arch = tmp_path / "backups" / "course"
+    out = _bash(f'cmd_archive --to "{arch}"', prefix, exchange)
+    tarballs = list(arch.glob("gpclab-course-*.tar.gz"))
+    assert len(tarballs) == 1, out.stdout
+    assert stat.S_IMODE(os.stat(arch).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(tarballs[0]).st_mode) == 0o600 and os.stat(tarballs[0]).st_uid == 0
+    with tarfile.open(tarballs[0]) as t:
+        names = t.getnames()
+    assert str(exchange / "gpclab" / "inbound" / "work.txt").lstrip("/") in names, names
+    out = _bash('cmd_archive --to /var', prefix, exchange, check=False)
+    assert out.returncode != 0 and "system folder" in out.stderr
+
+
+# ---- 9. add-student --from a CSV file, passwords to a mode-600 file ------------------------------
+@pytest.mark.skipif(not IS_ROOT, reason="add-student runs as root")
+def test_add_student_from_csv_writes_a_private_password_file(tmp_path):
+    prefix = tmp_path / "prefix"
+    (prefix / "etc").mkdir(parents=True)
+    (prefix / "etc" / "course.env").write_text("INSTRUCTOR=nobody\n")
+    csv = tmp_path / "class.csv"
+    csv.write_text('name,email\n"s2301234",a@x\n# a comment\n\nbo.li;x\r\ngpc_c\n')
+    out_file = tmp_path / "pw.csv"
+    # no user is created: ensure_user is replaced by a stand-in that records its calls
+    stub = f'ensure_user() {{ echo "$1 $2" >> "{tmp_path}/calls"; NEW_PASSWORD=pw-$1; }}'
+    out = _bash(f'{stub}\ncmd_add_student --from "{csv}" --passwords "{out_file}"', prefix)
+    assert (tmp_path / "calls").read_text().split("\n")[:3] == \
+        ["s2301234 gpclab-students", "bo.li gpclab-students", "gpc_c gpclab-students"]
+    assert stat.S_IMODE(os.stat(out_file).st_mode) == 0o600
+    assert out_file.read_text() == "s2301234,pw-s2301234\nbo.li,pw-bo.li\ngpc_c,pw-gpc_c\n"
+    assert "pw-" not in out.stdout
+    # a numeric id is refused before anything is done, with the way out in the message
+    csv.write_text("2301234\n")
+    out = _bash(f'{stub}\ncmd_add_student --from "{csv}" --passwords "{tmp_path}/pw2.csv"', prefix,
+                check=False)
+    assert out.returncode != 0 and "s2301234" in out.stderr
+    assert not (tmp_path / "pw2.csv").exists()

@@ -64,6 +64,15 @@ record_written() {
 }
 # install_file SRC DEST MODE OWNER: copy only if the content, mode or owner differ; sets CHANGED
 CHANGED=0
+ARCHIVED=""
+HUB_CHANGED=0   # the hub's own configuration or software changed: a restart is needed
+# hub_tracked CMD...: run CMD; if it changed anything, the hub needs a restart
+hub_tracked() {
+    local c0=$CHANGED; CHANGED=0
+    "$@"
+    if [ "$CHANGED" = 1 ]; then HUB_CHANGED=1; fi
+    if [ "$c0" = 1 ]; then CHANGED=1; fi
+}
 install_file() {
     local src=$1 dest=$2 mode=$3 owner=$4
     if [ -f "$dest" ] && cmp -s "$src" "$dest" \
@@ -259,7 +268,7 @@ cmd_install() {
     local ihome; ihome=$(getent passwd "$INSTRUCTOR" | cut -d: -f6)
     local igroup; igroup=$(id -gn "$INSTRUCTOR")
 
-    install_text "$SETTINGS" 644 root:root <<END
+    hub_tracked install_text "$SETTINGS" 644 root:root <<END
 # written by exercises/hub/setup.sh install
 INSTRUCTOR=$INSTRUCTOR
 PORT=$PORT
@@ -275,7 +284,7 @@ END
     if [ ! -x "$VENV/bin/python" ]; then
         say "creating the course venv $VENV"
         /usr/bin/python3 -m venv "$VENV"
-        CHANGED=1
+        CHANGED=1; HUB_CHANGED=1
     fi
     # JupyterHub, and gpclab with what lectures and grading need, from this clone, not editable:
     # users import one read-only installation and never see the clone
@@ -290,7 +299,7 @@ END
         rm -rf "$build"
         echo "$want" > "$VENV/.gpclab-course-installed"
         rm -f "$VENV/.gpclab-course-compiled"
-        CHANGED=1
+        CHANGED=1; HUB_CHANGED=1
     fi
     # numba's cache, warmed once into the installation (read-only for users)
     local compiled; compiled="$(sha256sum "$("$VENV/bin/python" -c 'import importlib.util as u; print(u.find_spec("gpclab").origin)')" | cut -c1-16) $("$VENV/bin/python" -c 'import numba; print(numba.__version__)')"
@@ -306,7 +315,7 @@ END
         say "installing configurable-http-proxy (npm)"
         mkdir -p "$PREFIX/node"
         npm install --silent --prefix "$PREFIX/node" "$CHP_REQ" >/dev/null
-        CHANGED=1
+        CHANGED=1; HUB_CHANGED=1
     fi
 
     # 6. Jupyter server settings for everyone (in the venv): nbgrader's instructor extensions off
@@ -382,8 +391,8 @@ c.ExchangeFactory.collect = "gpclab_checked_exchange.CheckedCollect"
 END
     # the instructor removes refused submissions (owned by their forger) with
     #   sudo $PREFIX/bin/remove-refused ASSIGNMENT
-    remove_refused_script "$VENV/bin/python" "$PREFIX/lib/gpclab_checked_exchange.py" "$cdir/inbound" \
-        | install_text "$PREFIX/bin/remove-refused" 755 root:root
+    install_text "$PREFIX/bin/remove-refused" 755 root:root \
+        < <(remove_refused_script "$VENV/bin/python" "$PREFIX/lib/gpclab_checked_exchange.py" "$cdir/inbound")
     install_text "$SUDOERS" 440 root:root <<END
 # gpclab course hub: instructors remove refused (forged) submissions from the exchange
 %$INSTRUCTORS_GROUP ALL=(root) NOPASSWD: $PREFIX/bin/remove-refused
@@ -415,6 +424,10 @@ END
         CHANGED=1
     fi
     ensure_dir "$course" 700 "$INSTRUCTOR:$igroup"
+    #     grade.py (parallel, resumable autograde) and the sandbox it uses, kept up to date at
+    #     every install (a copy the instructor changed is kept beside it first)
+    install_file "$CLONE/exercises/grade.py" "$course/grade.py" 644 "$INSTRUCTOR:$igroup"
+    install_file "$CLONE/exercises/grading_sandbox.py" "$course/grading_sandbox.py" 644 "$INSTRUCTOR:$igroup"
     ensure_dir "$ihome/.jupyter" 700 "$INSTRUCTOR:$igroup"
     ensure_dir "$ihome/.jupyter/labconfig" 755 "$INSTRUCTOR:$igroup"
     install_text "$ihome/.jupyter/nbgrader_config.py" 644 "$INSTRUCTOR:$igroup" <<END
@@ -448,28 +461,120 @@ END
         say "made the clone $CLONE private (700, root)"
     fi
 
-    # 13. the hub: configuration, then start (or restart if anything above changed)
-    install_file "$HERE/jupyterhub_config.py" "$PREFIX/etc/jupyterhub_config.py" 644 root:root
+    # 13. the hub: configuration, a systemd service where systemd runs the machine (the hub
+    #     comes back after a reboot), then start; restart only if the hub's own configuration or
+    #     software changed, which stops every user's running server
+    hub_tracked install_file "$HERE/jupyterhub_config.py" "$PREFIX/etc/jupyterhub_config.py" 644 root:root
     if [ ! -s "$STATE/admin_token" ]; then
         (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$STATE/admin_token")
-        CHANGED=1
+        CHANGED=1; HUB_CHANGED=1
+    fi
+    if have_systemd; then
+        hub_tracked install_text "$UNIT" 644 root:root < <(unit_text)
+        if [ "$HUB_CHANGED" = 1 ]; then systemctl daemon-reload; fi
+        systemctl is-enabled --quiet "$UNIT_NAME" 2>/dev/null || { systemctl enable --quiet "$UNIT_NAME"; say "enabled $UNIT_NAME (the hub starts at boot)"; CHANGED=1; }
+    else
+        #  no systemd (a container): the hub runs under setsid and does not come back after a
+        #  reboot by itself (run setup.sh start); its log is rotated by logrotate where present
+        if [ -d "$(dirname "$LOGROTATE")" ]; then install_text "$LOGROTATE" 644 root:root < <(logrotate_text); fi
     fi
     if hub_pid >/dev/null; then
-        if [ "$CHANGED" = 1 ]; then say "restarting the hub (its set-up changed)"; cmd_stop; cmd_start
-        else say "the hub is running (pid $(hub_pid)) at http://127.0.0.1:$PORT/"; fi
+        if [ "$HUB_CHANGED" = 1 ] && [ "$NO_RESTART" = 1 ]; then
+            say "the hub's configuration changed; not restarting it (--no-restart): run setup.sh stop && setup.sh start when no one works (it stops every user's running server)"
+        elif [ "$HUB_CHANGED" = 1 ]; then
+            say "restarting the hub (its configuration changed): every user's running server stops; users start theirs again from the hub's page (unsaved changes in open notebooks are lost)"
+            cmd_stop; cmd_start
+        else say "the hub is running (pid $(hub_pid)) at http://127.0.0.1:$PORT/ (not restarted: its configuration is unchanged)"; fi
     else
         cmd_start
     fi
     [ "$CHANGED" = 1 ] || say "nothing to change: the set-up is complete"
 }
 
+# ---- the hub as a service ----------------------------------------------------------------------
+UNIT_NAME=gpclab-hub.service
+UNIT=/etc/systemd/system/$UNIT_NAME
+LOGROTATE=/etc/logrotate.d/gpclab-course
+have_systemd() { [ -d /run/systemd/system ] && [ "$(cat /proc/1/comm 2>/dev/null)" = systemd ]; }
+unit_text() {
+    cat <<END
+# written by gpclab's exercises/hub/setup.sh: the course hub (log: journalctl -u $UNIT_NAME)
+[Unit]
+Description=gpclab course hub (JupyterHub)
+After=network.target
+
+[Service]
+WorkingDirectory=$STATE
+Environment=PATH=$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+ExecStart=$VENV/bin/jupyterhub -f $PREFIX/etc/jupyterhub_config.py
+Restart=on-failure
+RestartSec=5
+# the hub stops the users' servers itself at a stop; then everything left in the unit ends
+KillMode=mixed
+TimeoutStopSec=60
+
+[Install]
+WantedBy=multi-user.target
+END
+}
+logrotate_text() {
+    cat <<END
+# written by gpclab's exercises/hub/setup.sh: the course hub's log (setup.sh start appends to it)
+$LOG {
+    weekly
+    maxsize 20M
+    rotate 4
+    compress
+    missingok
+    notifempty
+    copytruncate
+}
+END
+}
+
+# add-student NAME... prints each new user's password; add-student --from FILE.csv [--passwords
+# OUT.csv] takes the names from FILE's first column (a header line "name"/"username"/"user", empty
+# lines and lines starting with # are skipped) and writes "name,password" lines for the users it
+# created to OUT (default ./gpclab-passwords-<time>.csv), mode 600, printing no password
 cmd_add_student() {
     need_root
     load_settings
     [ -f "$SETTINGS" ] || die "run setup.sh install first"
-    [ $# -gt 0 ] || die "add-student: name at least one student"
-    local name
-    for name in "$@"; do ensure_user "$name" "$STUDENTS_GROUP"; done
+    local from="" out="" names=()
+    while [ $# -gt 0 ]; do
+        case $1 in
+            --from) from=$2; shift 2;;
+            --passwords) out=$2; shift 2;;
+            -*) die "add-student: unknown option '$1'";;
+            *) names+=("$1"); shift;;
+        esac
+    done
+    if [ -n "$from" ]; then
+        [ -f "$from" ] || die "add-student: no file $from"
+        local line name
+        while IFS= read -r line || [ -n "$line" ]; do
+            line=${line%$'\r'}
+            name=${line%%[,;	]*}; name=${name//\"/}; name=${name// /}
+            case $name in ''|'#'*|name|username|user|login) continue;; esac
+            names+=("$name")
+        done < "$from"
+        out=${out:-./gpclab-passwords-$(date -u +%Y%m%dT%H%M%SZ).csv}
+    elif [ -n "$out" ]; then die "add-student: --passwords goes with --from"
+    fi
+    [ ${#names[@]} -gt 0 ] || die "add-student: name at least one student (or --from FILE.csv)"
+    local n; for n in "${names[@]}"; do valid_user_name "$n" || die "add-student: '$n' is not a valid user name (lower-case letters, digits, _ . -, starting with a letter or _; prefix a numeric student id with a letter: s2301234); nothing was changed"; done
+    if [ -n "$out" ]; then
+        [ -e "$out" ] && die "add-student: $out exists; name another with --passwords"
+        (umask 077; : > "$out")
+    fi
+    local created=0
+    for n in "${names[@]}"; do
+        ensure_user "$n" "$STUDENTS_GROUP"
+        if [ -n "$out" ]; then
+            if [ -n "$NEW_PASSWORD" ]; then echo "$n,$NEW_PASSWORD" >> "$out"; created=$((created + 1)); say "created user $n"; fi
+        else say_password "$n"; fi
+    done
+    if [ -n "$out" ]; then say "$created new user(s); their passwords are in $out (mode 600): hand them out, then delete it"; fi
 }
 
 cmd_start() {
@@ -477,26 +582,41 @@ cmd_start() {
     load_settings
     [ -f "$PREFIX/etc/jupyterhub_config.py" ] || die "run setup.sh install first"
     if hub_pid >/dev/null; then say "the hub is running (pid $(hub_pid))"; return 0; fi
-    say "starting the hub at http://127.0.0.1:$PORT/ (log: $LOG)"
-    (cd "$STATE" || exit 1
-     PATH="$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"; export PATH
-     exec setsid "$VENV/bin/jupyterhub" -f "$PREFIX/etc/jupyterhub_config.py") >>"$LOG" 2>&1 </dev/null &
+    if have_systemd && [ -f "$UNIT" ]; then
+        say "starting the hub at http://127.0.0.1:$PORT/ ($UNIT_NAME; log: journalctl -u $UNIT_NAME)"
+        systemctl start "$UNIT_NAME"
+    else
+        # a bounded log where logrotate does not run: a log over 20 MiB is moved aside (one kept)
+        if [ -f "$LOG" ] && [ "$(stat -c %s "$LOG")" -gt 20971520 ]; then mv -f "$LOG" "$LOG.1"; fi
+        say "starting the hub at http://127.0.0.1:$PORT/ (log: $LOG)"
+        (cd "$STATE" || exit 1
+         PATH="$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"; export PATH
+         exec setsid "$VENV/bin/jupyterhub" -f "$PREFIX/etc/jupyterhub_config.py") >>"$LOG" 2>&1 </dev/null &
+    fi
     # JupyterHub writes its pid file itself (c.JupyterHub.pid_file)
     local i
     for i in $(seq 1 120); do
         sleep 1
         if hub_up && hub_pid >/dev/null; then say "the hub is up (pid $(hub_pid))"; return 0; fi
-        if [ "$i" -gt 10 ] && ! hub_pid >/dev/null; then tail -n 30 "$LOG" >&2; die "the hub exited; see $LOG"; fi
+        if [ "$i" -gt 10 ] && ! hub_pid >/dev/null; then hub_log_tail >&2; die "the hub exited; see $(hub_log_name)"; fi
     done
-    tail -n 30 "$LOG" >&2
-    die "the hub did not answer within 120 s; see $LOG"
+    hub_log_tail >&2
+    die "the hub did not answer within 120 s; see $(hub_log_name)"
+}
+hub_log_name() { if have_systemd && [ -f "$UNIT" ]; then echo "journalctl -u $UNIT_NAME"; else echo "$LOG"; fi; }
+hub_log_tail() {
+    if have_systemd && [ -f "$UNIT" ]; then journalctl -u "$UNIT_NAME" -n 30 --no-pager || true
+    else tail -n 30 "$LOG" || true; fi
 }
 
 cmd_stop() {
     need_root
     load_settings
     local pid
-    if pid=$(hub_pid); then
+    if have_systemd && [ -f "$UNIT" ] && systemctl is-active --quiet "$UNIT_NAME"; then
+        systemctl stop "$UNIT_NAME"
+        say "stopped the hub ($UNIT_NAME)"
+    elif pid=$(hub_pid); then
         kill -TERM "$pid"
         local i
         for i in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
@@ -517,35 +637,116 @@ cmd_status() {
     else say "not running"; return 1; fi
 }
 
+# archive [--to DIR]: the term's record in one root-only tarball: the instructor's course folder
+# (gradebook.db, source, release, submitted, autograded, manual grades, feedback), the grades
+# exported by `nbgrader export` (grades.csv), and the course's folder in the exchange
+ARCHIVE_DIR=${GPCLAB_ARCHIVE_DIR:-/var/backups/gpclab-course}
+cmd_archive() {
+    need_root
+    load_settings
+    local to=$ARCHIVE_DIR
+    while [ $# -gt 0 ]; do
+        case $1 in --to) to=$2; shift 2;; *) die "archive: unknown argument '$1'";; esac
+    done
+    [ -n "$INSTRUCTOR" ] || { say "nothing to archive (no course.env: not installed)"; return 0; }
+    local ihome=""; ihome=$(getent passwd "$INSTRUCTOR" | cut -d: -f6) || true
+    local course=${ihome:+$ihome/course} cdir=$EXCHANGE/$COURSE_ID
+    local parts=() extra; extra=$(mktemp -d)
+    chmod 700 "$extra"
+    if [ -n "$course" ] && [ -d "$course" ]; then
+        parts+=("${course#/}")
+        if [ -x "$VENV/bin/nbgrader" ] && [ -f "$course/gradebook.db" ]; then
+            local exp; exp=$(mktemp -d); chown "$INSTRUCTOR" "$exp"
+            if runuser -u "$INSTRUCTOR" -- env -i HOME="$ihome" PATH="$VENV/bin:/usr/bin:/bin" \
+                sh -c 'cd "$1" && nbgrader export --to "$2/grades.csv"' sh "$course" "$exp" >/dev/null 2>&1 \
+                && [ -f "$exp/grades.csv" ]; then
+                cp "$exp/grades.csv" "$extra/grades.csv"
+                say "exported the grades (nbgrader export: grades.csv in the archive)"
+            else
+                say "could not export the grades (nbgrader export failed); the gradebook is in the archive"
+            fi
+            rm -rf "$exp"
+        fi
+    fi
+    if [ -d "$cdir" ]; then parts+=("${cdir#/}"); fi
+    if [ ${#parts[@]} -eq 0 ] && [ ! -f "$extra/grades.csv" ]; then
+        rm -rf "$extra"; say "nothing to archive (no course folder, no exchange)"; return 0
+    fi
+    refuse_system_dir "$to"
+    [ -d "$to" ] || { ensure_parent "$to"; mkdir -m 700 "$to"; }
+    chown root:root "$to"; chmod 700 "$to"
+    local tarball; tarball="$to/gpclab-course-$(date -u +%Y%m%dT%H%M%SZ).tar.gz"
+    local args=(-C / "${parts[@]}")
+    if [ -f "$extra/grades.csv" ]; then args+=(-C "$extra" grades.csv); fi
+    (umask 077; tar -czf "$tarball" "${args[@]}")
+    chmod 600 "$tarball"
+    rm -rf "$extra"
+    say "archived the course to $tarball (root only, $(du -h "$tarball" | cut -f1)): ${parts[*]} ${course:+and grades.csv}"
+    ARCHIVED=$tarball
+}
+
 cmd_uninstall() {
     need_root
     load_settings
-    local keep_venv=0 remove_users=0
+    local keep_venv=0 remove_users=0 remove_instructor=0 archive=1
     while [ $# -gt 0 ]; do
         case $1 in --keep-venv) keep_venv=1; shift;; --remove-users) remove_users=1; shift;;
+            --remove-instructor) remove_instructor=1; shift;;
+            --no-archive) archive=0; shift;;
             *) die "uninstall: unknown argument '$1'";; esac
     done
+    [ "$remove_instructor" = 0 ] || [ "$remove_users" = 1 ] || die "uninstall: --remove-instructor goes with --remove-users"
+    refuse_system_dir "$PREFIX"
+    refuse_system_dir "$EXCHANGE"
     cmd_stop
+    # the term's record first (the course folder, the grades, the exchange)
+    if [ "$archive" = 1 ]; then cmd_archive; fi
     if [ "$remove_users" = 1 ]; then
-        local g u
-        for g in "$STUDENTS_GROUP" "$INSTRUCTORS_GROUP"; do
-            for u in $(getent group "$g" | cut -d: -f4 | tr ',' ' '); do
+        # only the users this recipe created (recorded at creation), never the instructor (and
+        # their course) without --remove-instructor
+        local u g
+        if [ -f "$CREATED_USERS" ]; then
+            for u in $(sort -u "$CREATED_USERS"); do
+                id "$u" >/dev/null 2>&1 || continue
+                if [ "$u" = "$INSTRUCTOR" ] && [ "$remove_instructor" = 0 ]; then
+                    say "kept the instructor $u and their home (--remove-instructor removes them)"; continue
+                fi
                 pkill -KILL -u "$u" 2>/dev/null || true
-                userdel -r "$u" 2>/dev/null && say "removed user $u" || true
+                userdel -r "$u" 2>/dev/null && say "removed user $u" || say "could not remove user $u"
             done
+        fi
+        for g in "$STUDENTS_GROUP" "$INSTRUCTORS_GROUP"; do
+            local left; left=$(getent group "$g" | cut -d: -f4)
+            if [ -n "$left" ]; then say "kept group $g (members the recipe did not create, or kept: $left)"
+            else groupdel "$g" 2>/dev/null || true; fi
         done
-        for g in "$STUDENTS_GROUP" "$INSTRUCTORS_GROUP"; do groupdel "$g" 2>/dev/null || true; done
     fi
-    rm -f "$NBGRADER_GLOBAL" "$PROFILE_D" "$SUDOERS"
+    if have_systemd && [ -f "$UNIT" ]; then
+        systemctl disable --quiet "$UNIT_NAME" 2>/dev/null || true
+        rm -f "$UNIT"; systemctl daemon-reload || true
+    fi
+    # /etc/jupyter/nbgrader_config.py only if it is still what the recipe wrote
+    if [ -f "$NBGRADER_GLOBAL" ]; then
+        if [ "$(sha256sum < "$NBGRADER_GLOBAL" | cut -c1-64)" = "$(written_hash "$NBGRADER_GLOBAL")" ]; then
+            rm -f "$NBGRADER_GLOBAL"
+        else say "kept $NBGRADER_GLOBAL: it was changed after the recipe wrote it"; fi
+    fi
+    rm -f "$PROFILE_D" "$SUDOERS" "$LOGROTATE"
     rmdir /etc/jupyter 2>/dev/null || true
-    rm -rf "${EXCHANGE:?}/$COURSE_ID"
-    rmdir "$EXCHANGE" 2>/dev/null || true
-    if [ "$keep_venv" = 1 ]; then
-        find "$PREFIX" -mindepth 1 -maxdepth 1 ! -name venv ! -name node -exec rm -rf {} +
-    else
-        rm -rf "${PREFIX:?}"
+    if [ -f "$EXCHANGE/$EXCHANGE_MARK" ]; then
+        remove_marked "$EXCHANGE" "$EXCHANGE_MARK" || true
+    elif [ -d "$EXCHANGE/$COURSE_ID" ] && [ ! -L "$EXCHANGE/$COURSE_ID" ]; then
+        rm -rf -- "${EXCHANGE:?}/$COURSE_ID"; say "removed $EXCHANGE/$COURSE_ID"
     fi
-    say "uninstalled"
+    if [ "$keep_venv" = 1 ]; then
+        if [ -f "$PREFIX/$PREFIX_MARK" ] || [ -f "$SETTINGS" ]; then
+            find "$PREFIX" -mindepth 1 -maxdepth 1 ! -name venv ! -name node ! -name "$PREFIX_MARK" -exec rm -rf {} +
+        else say "not touching $PREFIX: it has no $PREFIX_MARK"; fi
+    else
+        [ ! -f "$SETTINGS" ] || [ -f "$PREFIX/$PREFIX_MARK" ] || echo "older install" > "$PREFIX/$PREFIX_MARK"
+        remove_marked "$PREFIX" "$PREFIX_MARK" || true
+    fi
+    say "uninstalled${ARCHIVED:+ (the course is archived in $ARCHIVED)}"
 }
 
 main() {
@@ -555,6 +756,7 @@ main() {
         start) cmd_start;;
         stop) cmd_stop;;
         status) cmd_status;;
+        archive) shift; cmd_archive "$@";;
         uninstall) shift; cmd_uninstall "$@";;
         *) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 2;;
     esac
