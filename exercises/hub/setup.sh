@@ -229,6 +229,14 @@ cmd_install() {
         esac
     done
     [ -n "$INSTRUCTOR" ] || die "install: name the instructor: setup.sh install --instructor NAME"
+    valid_user_name "$INSTRUCTOR" || die "install: '$INSTRUCTOR' is not a valid user name"
+    local port
+    for port in "$PORT" "$HUB_PORT" "$PROXY_API_PORT"; do
+        [[ $port =~ ^[0-9]{1,5}$ ]] && [ "$port" -ge 1 ] && [ "$port" -le 65535 ] \
+            || die "install: '$port' is not a port number (1-65535)"
+    done
+    [ "$PORT" != "$HUB_PORT" ] && [ "$PORT" != "$PROXY_API_PORT" ] && [ "$HUB_PORT" != "$PROXY_API_PORT" ] \
+        || die "install: --port, --hub-port and --proxy-api-port must differ ($PORT, $HUB_PORT, $PROXY_API_PORT)"
     [ -f "$CLONE/gpclab.py" ] && [ -d "$CLONE/exercises/source" ] || die "run setup.sh from a clone of gpclab ($CLONE has no gpclab.py or exercises/source)"
 
     # 1. Debian packages: venv, node + npm (configurable-http-proxy), bubblewrap (the grading
