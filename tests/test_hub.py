@@ -353,6 +353,14 @@ def test_set_up(hub):
         assert stat.S_IMODE(os.stat(pwd.getpwnam(u).pw_dir).st_mode) == 0o700, u
     course = os.path.join(pwd.getpwnam(INSTRUCTOR).pw_dir, "course")
     assert stat.S_IMODE(os.stat(course).st_mode) == 0o700
+    # grade.py in the course, the instructor's, the clone's version
+    with open(os.path.join(course, "grade.py"), "rb") as a, \
+            open(os.path.join(ROOT, "exercises", "grade.py"), "rb") as b:
+        assert a.read() == b.read()
+    assert pwd.getpwuid(os.stat(os.path.join(course, "grade.py")).st_uid).pw_name == INSTRUCTOR
+    # the prefix and the exchange root carry the recipe's markers (uninstall removes only those)
+    assert os.path.isfile(os.path.join(PREFIX, ".gpclab-course-prefix"))
+    assert os.path.isfile(os.path.join(EXCHANGE, ".gpclab-course-exchange"))
     assert stat.S_IMODE(os.stat(ROOT).st_mode) == 0o700 and os.stat(ROOT).st_uid == 0
     st = os.stat(os.path.join(EXCHANGE, "gpclab", "inbound"))
     assert (oct(stat.S_IMODE(st.st_mode)), pwd.getpwuid(st.st_uid).pw_name) == ("0o2733", INSTRUCTOR)

@@ -12,7 +12,8 @@
 #   exercises/hub/setup.sh archive [--to DIR]        gradebook, grades, course, exchange: a
 #                                                    root-only tarball (end of term)
 #   exercises/hub/setup.sh uninstall [--keep-venv] [--remove-users [--remove-instructor]]
-#                                    archives first, then removes the hub, its files and folders
+#                                    [--no-archive]   archives first, then removes the hub, its
+#                                    files and folders (users: only those it created)
 #
 # Ports: 8000 (users, 127.0.0.1; put a TLS reverse proxy in front), 8081 (the hub's API) and
 # 8001 (the proxy's API), both 127.0.0.1 only. Running `install` again changes nothing that is
@@ -766,7 +767,7 @@ main() {
         status) cmd_status;;
         archive) shift; cmd_archive "$@";;
         uninstall) shift; cmd_uninstall "$@";;
-        *) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 2;;
+        *) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2;;
     esac
 }
 
