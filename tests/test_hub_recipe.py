@@ -295,3 +295,14 @@ def test_add_student_from_csv_writes_a_private_password_file(tmp_path):
                 check=False)
     assert out.returncode != 0 and "s2301234" in out.stderr
     assert not (tmp_path / "pw2.csv").exists()
+
+
+def test_files_in_the_prefix_are_replaced_without_a_backup(tmp_path):
+    prefix = tmp_path / "prefix"
+    (prefix / "state").mkdir(parents=True)
+    (prefix / "bin").mkdir()
+    dest = prefix / "bin" / "remove-refused"
+    dest.write_text("an older wrapper\n")
+    _bash(f'install_text "{dest}" 755 "$(id -un):$(id -gn)" <<< new', prefix)
+    assert dest.read_text() == "new\n"
+    assert os.listdir(prefix / "bin") == ["remove-refused"]

@@ -53,8 +53,8 @@ need_root() { [ "$(id -u)" = 0 ] || die "run as root (it creates users, /etc fil
 
 # ---- small idempotent helpers -----------------------------------------------------------------
 # the files this recipe wrote, with the hash of what it wrote ("HASH  PATH" lines, root only): a
-# file found different from what the recipe last wrote (or that it never wrote) is kept as
-# PATH.before-gpclab-<time> before being replaced
+# file outside the prefix found different from what the recipe last wrote (or that it never
+# wrote) is kept as PATH.before-gpclab-<time> before being replaced
 WRITTEN=$STATE/written-files
 written_hash() { [ -f "$WRITTEN" ] && awk -v p="$1" 'substr($0, 67) == p { h = $1 } END { if (h) print h }' "$WRITTEN"; }
 record_written() {
@@ -82,7 +82,8 @@ install_file() {
         return 0
     fi
     if [ -L "$dest" ]; then die "$dest is a symbolic link; expected a file"; fi
-    if [ -f "$dest" ] && ! cmp -s "$src" "$dest" \
+    # (inside the recipe's own prefix nothing is kept: it is all the recipe's)
+    if [ -f "$dest" ] && [ "${dest#"$PREFIX"/}" = "$dest" ] && ! cmp -s "$src" "$dest" \
         && [ "$(sha256sum < "$dest" | cut -c1-64)" != "$(written_hash "$dest")" ]; then
         local keep; keep="$dest.before-gpclab-$(date -u +%Y%m%dT%H%M%SZ)"
         cp -p "$dest" "$keep"
@@ -687,7 +688,10 @@ cmd_archive() {
     local tarball; tarball="$to/gpclab-course-$(date -u +%Y%m%dT%H%M%SZ).tar.gz"
     local args=(-C / "${parts[@]}")
     if [ -f "$extra/grades.csv" ]; then args+=(-C "$extra" grades.csv); fi
-    (umask 077; tar -czf "$tarball" "${args[@]}")
+    if ! (umask 077; tar -czf "$tarball" "${args[@]}"); then
+        rm -rf "$extra"
+        die "archive: tar failed; $tarball is incomplete (nothing was removed). Fix the cause, or uninstall --no-archive after your own copy"
+    fi
     chmod 600 "$tarball"
     rm -rf "$extra"
     say "archived the course to $tarball (root only, $(du -h "$tarball" | cut -f1)): ${parts[*]} ${course:+and grades.csv}"
@@ -725,7 +729,7 @@ cmd_uninstall() {
             done
         fi
         for g in "$STUDENTS_GROUP" "$INSTRUCTORS_GROUP"; do
-            local left; left=$(getent group "$g" | cut -d: -f4)
+            local left; left=$(getent group "$g" | cut -d: -f4) || true
             if [ -n "$left" ]; then say "kept group $g (members the recipe did not create, or kept: $left)"
             else groupdel "$g" 2>/dev/null || true; fi
         done
