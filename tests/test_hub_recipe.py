@@ -306,3 +306,57 @@ def test_files_in_the_prefix_are_replaced_without_a_backup(tmp_path):
     _bash(f'install_text "{dest}" 755 "$(id -un):$(id -gn)" <<< new', prefix)
     assert dest.read_text() == "new\n"
     assert os.listdir(prefix / "bin") == ["remove-refused"]
+
+
+# ---- 2, 3, 5. uninstall, on a fake installation in a temporary folder ---------------------------
+def _fake_install(tmp_path, marked=True):
+    """A prefix, an exchange and the recipe's /etc files, all under tmp_path; the users it
+    'created' do not exist (so none is touched)."""
+    prefix, exchange, etc = tmp_path / "prefix", tmp_path / "exchange", tmp_path / "etc"
+    for d in (prefix / "etc", prefix / "state", prefix / "venv", exchange / "gpclab" / "inbound", etc):
+        d.mkdir(parents=True)
+    if marked:
+        (prefix / ".gpclab-course-prefix").write_text("x")
+        (exchange / ".gpclab-course-exchange").write_text("x")
+    (exchange / "gpclab" / "inbound" / "work.txt").write_text("submitted")
+    (prefix / "etc" / "course.env").write_text(
+        f"INSTRUCTOR=nobody\nPORT=8000\nHUB_PORT=8081\nPROXY_API_PORT=8001\nEXCHANGE={exchange}\n"
+        "COURSE_ID=gpclab\nSTUDENTS_GROUP=gpcrecipe-nogroup-s\nINSTRUCTORS_GROUP=gpcrecipe-nogroup-i\n")
+    (prefix / "state" / "created-users").write_text("gpcrecipe-nouser-1\n")
+    stubs = (f'NBGRADER_GLOBAL="{etc}/jupyter/nbgrader_config.py"; PROFILE_D="{etc}/profile.sh"; '
+             f'SUDOERS="{etc}/sudoers"; LOGROTATE="{etc}/logrotate"; UNIT="{etc}/unit"\n'
+             'cmd_stop() { :; }; have_systemd() { false; }\n')
+    (etc / "jupyter").mkdir()
+    _bash(stubs + 'install_text "$NBGRADER_GLOBAL" 644 "$(id -un):$(id -gn)" <<< ours', prefix, exchange)
+    return prefix, exchange, etc, stubs
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="uninstall runs as root")
+def test_uninstall_archives_then_removes_what_the_recipe_made(tmp_path):
+    import tarfile
+    prefix, exchange, etc, stubs = _fake_install(tmp_path)
+    arch = tmp_path / "archive"
+    env_script = f'export GPCLAB_ARCHIVE_DIR="{arch}"; source "{SETUP}"\n' + stubs
+    out = _bash(env_script + 'cmd_uninstall --remove-users', prefix, exchange)
+    assert not prefix.exists() and not exchange.exists(), out.stdout
+    assert not (etc / "jupyter").exists()
+    (tarball,) = arch.glob("gpclab-course-*.tar.gz")
+    with tarfile.open(tarball) as t:
+        assert str(exchange / "gpclab" / "inbound" / "work.txt").lstrip("/") in t.getnames()
+    assert "archived the course to" in out.stdout
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="uninstall runs as root")
+def test_uninstall_keeps_an_unmarked_prefix_and_a_changed_global_config(tmp_path):
+    prefix, exchange, etc, stubs = _fake_install(tmp_path, marked=False)
+    (etc / "jupyter" / "nbgrader_config.py").write_text("edited by the admin\n")
+    (prefix / "etc" / "course.env").unlink()        # not the recipe's prefix at all
+    (prefix / "etc" / "course.env").write_text(f"EXCHANGE={exchange}\n")
+    out = _bash(stubs + 'cmd_uninstall --no-archive', prefix, exchange)
+    assert (prefix / "venv").is_dir(), out.stdout
+    assert (etc / "jupyter" / "nbgrader_config.py").read_text() == "edited by the admin\n"
+    assert "kept" in out.stdout and "no .gpclab-course-prefix" in out.stdout
+    # the exchange root (unmarked) stays; only the course's folder in it goes
+    assert exchange.is_dir() and not (exchange / "gpclab").exists()
+    out = _bash(stubs + 'cmd_uninstall --no-archive', "/opt", exchange, check=False)
+    assert out.returncode != 0 and "system folder" in out.stderr

@@ -143,6 +143,8 @@ refuse_system_dir() {
     if is_system_dir "$1"; then die "$1 is a system folder (or a home): the recipe will not own, change or remove it; choose a folder of its own, e.g. /opt/gpclab-course"; fi
 }
 PREFIX_MARK=.gpclab-course-prefix
+# the prefix's course.env as this recipe writes it (an installation made before the marker)
+recipe_settings() { [ -f "$SETTINGS" ] && head -n 1 "$SETTINGS" | grep -qx '# written by exercises/hub/setup.sh install'; }
 EXCHANGE_MARK=.gpclab-course-exchange
 # remove_marked DIR MARK: rm -rf DIR only if it is the recipe's own (holds MARK) and no system folder
 remove_marked() {
@@ -259,7 +261,7 @@ cmd_install() {
     #    never a system folder; an existing one only if this recipe made it (its marker file)
     refuse_system_dir "$PREFIX"
     refuse_system_dir "$EXCHANGE"
-    if [ -d "$PREFIX" ] && [ ! -f "$PREFIX/$PREFIX_MARK" ] && [ ! -f "$SETTINGS" ] \
+    if [ -d "$PREFIX" ] && [ ! -f "$PREFIX/$PREFIX_MARK" ] && ! recipe_settings \
         && [ -n "$(ls -A "$PREFIX")" ]; then
         die "$PREFIX exists, is not empty and was not made by this recipe (no $PREFIX_MARK): choose another GPCLAB_COURSE_PREFIX"
     fi
@@ -745,18 +747,19 @@ cmd_uninstall() {
         else say "kept $NBGRADER_GLOBAL: it was changed after the recipe wrote it"; fi
     fi
     rm -f "$PROFILE_D" "$SUDOERS" "$LOGROTATE"
-    rmdir /etc/jupyter 2>/dev/null || true
+    rmdir "$(dirname "$NBGRADER_GLOBAL")" 2>/dev/null || true
     if [ -f "$EXCHANGE/$EXCHANGE_MARK" ]; then
         remove_marked "$EXCHANGE" "$EXCHANGE_MARK" || true
     elif [ -d "$EXCHANGE/$COURSE_ID" ] && [ ! -L "$EXCHANGE/$COURSE_ID" ]; then
         rm -rf -- "${EXCHANGE:?}/$COURSE_ID"; say "removed $EXCHANGE/$COURSE_ID"
     fi
     if [ "$keep_venv" = 1 ]; then
-        if [ -f "$PREFIX/$PREFIX_MARK" ] || [ -f "$SETTINGS" ]; then
+        if [ -f "$PREFIX/$PREFIX_MARK" ] || recipe_settings; then
             find "$PREFIX" -mindepth 1 -maxdepth 1 ! -name venv ! -name node ! -name "$PREFIX_MARK" -exec rm -rf {} +
         else say "not touching $PREFIX: it has no $PREFIX_MARK"; fi
     else
-        [ ! -f "$SETTINGS" ] || [ -f "$PREFIX/$PREFIX_MARK" ] || echo "older install" > "$PREFIX/$PREFIX_MARK"
+        # an installation from before the marker: its course.env, as the recipe writes it
+        if [ ! -f "$PREFIX/$PREFIX_MARK" ] && recipe_settings; then echo "older install" > "$PREFIX/$PREFIX_MARK"; fi
         remove_marked "$PREFIX" "$PREFIX_MARK" || true
     fi
     say "uninstalled${ARCHIVED:+ (the course is archived in $ARCHIVED)}"
