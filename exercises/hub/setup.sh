@@ -685,8 +685,9 @@ cmd_archive() {
         rm -rf "$extra"; say "nothing to archive (no course folder, no exchange)"; return 0
     fi
     refuse_system_dir "$to"
-    [ -d "$to" ] || { ensure_parent "$to"; mkdir -m 700 "$to"; }
-    chown root:root "$to"; chmod 700 "$to"
+    # a new folder is made root's, mode 700; an existing one is left as it is (the tarball
+    # itself is mode 600)
+    if [ ! -d "$to" ]; then ensure_parent "$to"; mkdir -m 700 "$to"; say "created $to (700)"; fi
     local tarball; tarball="$to/gpclab-course-$(date -u +%Y%m%dT%H%M%SZ).tar.gz"
     local args=(-C / "${parts[@]}")
     if [ -f "$extra/grades.csv" ]; then args+=(-C "$extra" grades.csv); fi
@@ -695,8 +696,9 @@ cmd_archive() {
         die "archive: tar failed; $tarball is incomplete (nothing was removed). Fix the cause, or uninstall --no-archive after your own copy"
     fi
     chmod 600 "$tarball"
+    local with=""; if [ -f "$extra/grades.csv" ]; then with=" and grades.csv"; fi
     rm -rf "$extra"
-    say "archived the course to $tarball (root only, $(du -h "$tarball" | cut -f1)): ${parts[*]} ${course:+and grades.csv}"
+    say "archived the course to $tarball (root only, $(du -h "$tarball" | cut -f1)): ${parts[*]/#//}$with"
     ARCHIVED=$tarball
 }
 
