@@ -136,7 +136,7 @@ is_system_dir() {
     local p; p=$(realpath -m -- "$1")
     local d
     for d in $SYSTEM_DIRS; do [ "$p" = "$d" ] && return 0; done
-    getent passwd | cut -d: -f6 | grep -qxF -- "$p" && return 0
+    getent passwd | cut -d: -f6 | grep -xF -- "$p" >/dev/null && return 0   # (no -q: a pipe closed early fails under pipefail)
     return 1
 }
 refuse_system_dir() {
@@ -731,6 +731,8 @@ cmd_uninstall() {
                 pkill -KILL -u "$u" 2>/dev/null || true
                 userdel -r "$u" 2>/dev/null && say "removed user $u" || say "could not remove user $u"
             done
+        else
+            say "no record of users created by the recipe ($CREATED_USERS): no user removed"
         fi
         for g in "$STUDENTS_GROUP" "$INSTRUCTORS_GROUP"; do
             local left; left=$(getent group "$g" | cut -d: -f4) || true
