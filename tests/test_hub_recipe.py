@@ -360,3 +360,75 @@ def test_uninstall_keeps_an_unmarked_prefix_and_a_changed_global_config(tmp_path
     assert exchange.is_dir() and not (exchange / "gpclab").exists()
     out = _bash(stubs + 'cmd_uninstall --no-archive', "/opt", exchange, check=False)
     assert out.returncode != 0 and "system folder" in out.stderr
+
+
+# ---- the whole install, twice, with every system-wide effect moved into a temporary folder -----
+@pytest.mark.skipif(not IS_ROOT, reason="install runs as root")
+def test_install_twice_in_a_sandboxed_prefix(tmp_path):
+    """cmd_install's own logic end to end, with nothing outside tmp_path touched: no user or group
+    is made (stand-ins), no package installed (a stand-in venv python whose pip does nothing and a
+    stand-in proxy), the /etc files and the clone moved under tmp_path, the hub's start stubbed.
+    The second run must change nothing and must not restart the hub; a changed hub
+    configuration must restart it, unless --no-restart."""
+    clone = tmp_path / "clone"
+    (clone / "exercises").mkdir(parents=True)
+    for f in ("gpclab.py", "pyproject.toml", "README.md"):
+        shutil.copy(os.path.join(ROOT, f), clone / f)
+    for f in ("grade.py", "grading_sandbox.py", "nbgrader_config.py"):
+        shutil.copy(os.path.join(ROOT, "exercises", f), clone / "exercises" / f)
+    shutil.copytree(os.path.join(ROOT, "exercises", "source"), clone / "exercises" / "source")
+    shutil.copytree(os.path.join(ROOT, "lectures"), clone / "lectures")
+    prefix, exchange, etc, home = (tmp_path / "prefix", tmp_path / "srv" / "exchange",
+                                   tmp_path / "etc", tmp_path / "home" / "prof")
+    home.mkdir(parents=True)
+    os.chown(home, pwd.getpwnam("nobody").pw_uid, -1)
+    (prefix / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "purelib").mkdir()
+    (prefix / "venv" / "bin" / "python").write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *"-m pip"*) exit 0;; *sysconfig*) echo ' + str(tmp_path / "purelib") + "; exit 0;; esac\n"
+        f'exec {sys.executable} "$@"\n')
+    (prefix / "venv" / "bin" / "gpclab").write_text("#!/bin/sh\nexit 0\n")
+    chp = prefix / "node" / "node_modules" / ".bin" / "configurable-http-proxy"
+    chp.parent.mkdir(parents=True)
+    chp.write_text("#!/bin/sh\n")
+    for p in (prefix / "venv" / "bin" / "python", prefix / "venv" / "bin" / "gpclab", chp):
+        p.chmod(0o755)
+    (prefix / ".gpclab-course-prefix").write_text("x")
+    (etc / "jupyter").mkdir(parents=True)
+    stubs = f'''
+NBGRADER_GLOBAL="{etc}/jupyter/nbgrader_config.py"; PROFILE_D="{etc}/profile.sh"
+SUDOERS="{etc}/sudoers"; LOGROTATE="{etc}/logrotate.d/gpclab"; UNIT="{etc}/unit"; CLONE="{clone}"
+have_systemd() {{ false; }}
+ensure_group() {{ :; }}
+ensure_user() {{ NEW_PASSWORD=""; }}
+getent() {{ if [ "$*" = "passwd nobody" ]; then echo "nobody:x:65534:65534::{home}:/bin/sh"; else command getent "$@"; fi; }}
+RUNNING=0
+hub_pid() {{ [ -f "{tmp_path}/running" ] && echo 4242; }}
+cmd_start() {{ touch "{tmp_path}/running"; echo STARTED; }}
+cmd_stop() {{ rm -f "{tmp_path}/running"; echo STOPPED; }}
+'''
+    args = "cmd_install --instructor nobody --port 18000 --hub-port 18081 --proxy-api-port 18001"
+    out1 = _bash(stubs + args, prefix, exchange)
+    assert not out1.stderr, out1.stderr
+    assert "STARTED" in out1.stdout, out1.stdout
+    remove = (prefix / "bin" / "remove-refused").read_text()
+    assert f'--inbound "{exchange}/gpclab/inbound" -- "$1"' in remove
+    assert (home / "course" / "grade.py").read_bytes() == (clone / "exercises" / "grade.py").read_bytes()
+    assert stat.S_IMODE(os.stat(tmp_path / "srv").st_mode) == 0o755       # made, as a parent
+    assert stat.S_IMODE(os.stat(exchange).st_mode) == 0o1777
+    assert (exchange / ".gpclab-course-exchange").is_file()
+    assert stat.S_IMODE(os.stat(clone).st_mode) == 0o700
+    out2 = _bash(stubs + args.split(" --port")[0], prefix, exchange)
+    assert "nothing to change" in out2.stdout and "STOPPED" not in out2.stdout, out2.stdout
+    assert "not restarted" in out2.stdout
+    # the hub's configuration changes (a new port): a restart, said first; --no-restart defers
+    out3 = _bash(stubs + "cmd_install --instructor nobody --port 18002 --no-restart", prefix, exchange)
+    assert "STOPPED" not in out3.stdout and "--no-restart" in out3.stdout, out3.stdout
+    out4 = _bash(stubs + "cmd_install --instructor nobody --port 18003", prefix, exchange)
+    assert "restarting the hub" in out4.stdout and "STOPPED" in out4.stdout, out4.stdout
+    # a lecture changed: copied, no restart
+    with open(clone / "lectures" / os.listdir(clone / "lectures")[0], "a") as f:
+        f.write(" ")
+    out5 = _bash(stubs + "cmd_install --instructor nobody", prefix, exchange)
+    assert "wrote" in out5.stdout and "STOPPED" not in out5.stdout, out5.stdout

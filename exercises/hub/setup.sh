@@ -391,7 +391,7 @@ END
         644 root:root <<END
 $PREFIX/lib
 END
-    ensure_dir /etc/jupyter 755 root:root
+    ensure_dir "$(dirname "$NBGRADER_GLOBAL")" 755 root:root
     install_text "$NBGRADER_GLOBAL" 644 root:root <<END
 # written by gpclab's exercises/hub/setup.sh: every user's nbgrader reads this
 c = get_config()  # noqa: F821
