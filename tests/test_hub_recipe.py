@@ -408,6 +408,9 @@ hub_pid() {{ [ -f "{tmp_path}/running" ] && echo 4242; }}
 cmd_start() {{ touch "{tmp_path}/running"; echo STARTED; }}
 cmd_stop() {{ rm -f "{tmp_path}/running"; echo STOPPED; }}
 '''
+    # the instructor's own nbgrader configuration, which the recipe replaces: kept beside it
+    (home / ".jupyter").mkdir()
+    (home / ".jupyter" / "nbgrader_config.py").write_text("# mine\n")
     args = "cmd_install --instructor nobody --port 18000 --hub-port 18081 --proxy-api-port 18001"
     out1 = _bash(stubs + args, prefix, exchange)
     assert not out1.stderr, out1.stderr
@@ -432,3 +435,17 @@ cmd_stop() {{ rm -f "{tmp_path}/running"; echo STOPPED; }}
         f.write(" ")
     out5 = _bash(stubs + "cmd_install --instructor nobody", prefix, exchange)
     assert "wrote" in out5.stdout and "STOPPED" not in out5.stdout, out5.stdout
+    (kept,) = [f for f in os.listdir(home / ".jupyter") if f.startswith("nbgrader_config.py.before-gpclab-")]
+    assert (home / ".jupyter" / kept).read_text() == "# mine\n"
+    # the end of term: archive (the course with grade.py, the exchange), then everything goes
+    import tarfile
+    out6 = _bash(f'export GPCLAB_ARCHIVE_DIR="{tmp_path}/archive"; source "{SETUP}"\n' + stubs
+                 + "cmd_uninstall --remove-users", prefix, exchange)
+    (tarball,) = (tmp_path / "archive").glob("*.tar.gz")
+    with tarfile.open(tarball) as t:
+        names = t.getnames()
+    assert str(home / "course" / "grade.py").lstrip("/") in names
+    assert str(exchange / "gpclab" / "inbound").lstrip("/") in names
+    assert not prefix.exists() and not exchange.exists(), out6.stdout
+    assert (tmp_path / "srv").is_dir() and (home / "course").is_dir()      # not the recipe's to remove
+    assert not (etc / "jupyter").exists() and not (etc / "sudoers").exists()
