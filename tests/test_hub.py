@@ -45,6 +45,7 @@ LECTURE = "sec3_04_binary_laplace.ipynb"
 KEEP = os.environ.get("GPCLAB_HUB_TEST_PREFIX")
 PREFIX = KEEP or "/opt/gpclab-hubtest"
 EXCHANGE = "/srv/gpclab-hubtest/exchange"
+ARCHIVE = "/srv/gpclab-hubtest/archive"        # uninstall's end-of-term archive (removed at teardown)
 MANUAL_SCORE = 2.0
 
 pytestmark = [
@@ -72,7 +73,8 @@ def _run(args, check=True, timeout=900, env=None, **kw):
 
 
 def _setup(*args, check=True):
-    env = dict(os.environ, GPCLAB_COURSE_PREFIX=PREFIX, GPCLAB_EXCHANGE=EXCHANGE)
+    env = dict(os.environ, GPCLAB_COURSE_PREFIX=PREFIX, GPCLAB_EXCHANGE=EXCHANGE,
+               GPCLAB_ARCHIVE_DIR=ARCHIVE)
     return _run(["bash", SETUP, *args], check=check, env=env, timeout=1800)
 
 
@@ -146,7 +148,7 @@ def _group_exists(name):
 def _teardown(clone_mode):
     """Everything the test made goes, however it ended: the hub and its proxy, the users' servers
     and processes, the users, the recipe's files (the venv too unless GPCLAB_HUB_TEST_PREFIX)."""
-    args = ["uninstall", "--remove-users"] + (["--keep-venv"] if KEEP else [])
+    args = ["uninstall", "--remove-users", "--remove-instructor"] + (["--keep-venv"] if KEEP else [])
     try:
         _setup(*args, check=False)
     finally:
@@ -351,6 +353,14 @@ def test_set_up(hub):
         assert stat.S_IMODE(os.stat(pwd.getpwnam(u).pw_dir).st_mode) == 0o700, u
     course = os.path.join(pwd.getpwnam(INSTRUCTOR).pw_dir, "course")
     assert stat.S_IMODE(os.stat(course).st_mode) == 0o700
+    # grade.py in the course, the instructor's, the clone's version
+    with open(os.path.join(course, "grade.py"), "rb") as a, \
+            open(os.path.join(ROOT, "exercises", "grade.py"), "rb") as b:
+        assert a.read() == b.read()
+    assert pwd.getpwuid(os.stat(os.path.join(course, "grade.py")).st_uid).pw_name == INSTRUCTOR
+    # the prefix and the exchange root carry the recipe's markers (uninstall removes only those)
+    assert os.path.isfile(os.path.join(PREFIX, ".gpclab-course-prefix"))
+    assert os.path.isfile(os.path.join(EXCHANGE, ".gpclab-course-exchange"))
     assert stat.S_IMODE(os.stat(ROOT).st_mode) == 0o700 and os.stat(ROOT).st_uid == 0
     st = os.stat(os.path.join(EXCHANGE, "gpclab", "inbound"))
     assert (oct(stat.S_IMODE(st.st_mode)), pwd.getpwuid(st.st_uid).pw_name) == ("0o2733", INSTRUCTOR)

@@ -10,22 +10,36 @@ a refused submission is reported and never collected, and the student's newest a
 submission is collected instead.
 
 A refused submission's files belong to the student who made it, so only root can delete them;
-the instructor does it with `sudo <prefix>/bin/remove-refused [ASSIGNMENT...]`, which runs this
-file as a script and removes nothing but refused submissions.
+the instructor does it with `sudo <prefix>/bin/remove-refused ASSIGNMENT`, a wrapper that takes one
+assignment name and nothing else, fixes the inbound folder and runs this file as a script; it
+removes nothing but refused submissions.
 """
 import argparse
 import datetime
 import glob
 import os
 import pwd
+import re
 import shutil
 import stat
 import sys
 
 
+def _kind(mode):
+    """What a file that is neither a regular file, a folder nor a symbolic link is."""
+    for test, name in ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
 def refusal_reason(path, student):
     """Why the inbound entry `path`, named as submitted by `student`, is refused; None if it is
-    accepted (the entry and everything in it owned by the student or root, no symbolic link)."""
+    accepted: the entry and everything in it owned by the student or root, no symbolic link, no
+    special file (named pipe, socket, device: copying one would block or fail), and everything
+    readable by others as `nbgrader submit` leaves it (files at least o+r, folders o+rx): an
+    unreadable file would stop nbgrader's copy in the middle of the whole collect."""
     try:
         uid = pwd.getpwnam(student).pw_uid
     except KeyError:
@@ -38,19 +52,45 @@ def refusal_reason(path, student):
         except KeyError:
             return f"uid {st.st_uid}"
 
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        return "it is a symbolic link"
-    if st.st_uid not in allowed:
-        return f"it belongs to {owner(st)}"
-    for folder, dirs, files in os.walk(path):
+    def check(p, st, what):
+        if stat.S_ISLNK(st.st_mode):
+            return f"{what} is a symbolic link"
+        if st.st_uid not in allowed:
+            return f"{what} belongs to {owner(st)}"
+        if stat.S_ISDIR(st.st_mode):
+            if st.st_mode & (stat.S_IROTH | stat.S_IXOTH) != (stat.S_IROTH | stat.S_IXOTH):
+                return f"{what} is a folder others cannot read (mode {stat.S_IMODE(st.st_mode):o})"
+        elif stat.S_ISREG(st.st_mode):
+            if not st.st_mode & stat.S_IROTH:
+                return f"{what} is a file others cannot read (mode {stat.S_IMODE(st.st_mode):o})"
+        else:
+            return f"{what} is {_kind(st.st_mode)}"
+        return None
+
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        return f"it cannot be inspected ({e.strerror})"
+    reason = check(path, st, "it")
+    if reason is not None:
+        return reason
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a folder"
+    errors = []
+    for folder, dirs, files in os.walk(path, onerror=errors.append):
         for name in dirs + files:
             p = os.path.join(folder, name)
-            st = os.lstat(p)
-            if stat.S_ISLNK(st.st_mode):
-                return f"{os.path.relpath(p, path)} is a symbolic link"
-            if st.st_uid not in allowed:
-                return f"{os.path.relpath(p, path)} belongs to {owner(st)}"
+            try:
+                st = os.lstat(p)
+            except OSError as e:
+                return f"{os.path.relpath(p, path)} cannot be inspected ({e.strerror})"
+            reason = check(p, st, os.path.relpath(p, path))
+            if reason is not None:
+                return reason
+    if errors:
+        e = errors[0]
+        where = os.path.relpath(e.filename, path) if getattr(e, "filename", None) else "a folder"
+        return f"{where} cannot be read ({e.strerror})"
     return None
 
 
@@ -103,6 +143,9 @@ class CheckedCollect(ExchangeCollect):
         super().copy_files()
 
 
+ASSIGNMENT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="remove-refused",
@@ -113,8 +156,9 @@ def main(argv=None):
                         help="only submissions of these assignments (default: all)")
     args = parser.parse_args(argv)
     for a in args.assignments:
-        if not a or "/" in a or a.startswith(".") or "+" in a:
-            parser.error(f"not an assignment name: {a!r}")
+        if not ASSIGNMENT_NAME.fullmatch(a):
+            parser.error(f"not an assignment name: {a!r} (letters, digits, _ . -; not starting "
+                         "with a dot or a dash)")
     names = args.assignments or ["*"]
     removed = 0
     for a in names:

@@ -4,15 +4,25 @@
 # clone of the repository; the README's "A course hub (JupyterHub): one command" says what each
 # step does.
 #
-#   exercises/hub/setup.sh install --instructor NAME [--port 8000]   set up (or check) and start
-#   exercises/hub/setup.sh add-student NAME [NAME...]               a Unix user in the course
+#   exercises/hub/setup.sh install --instructor NAME [--port 8000] [--hub-port 8081]
+#                                  [--proxy-api-port 8001] [--no-restart]   set up (or check), start
+#   exercises/hub/setup.sh add-student NAME [NAME...]               Unix users in the course
+#   exercises/hub/setup.sh add-student --from FILE.csv [--passwords OUT.csv]   (OUT: mode 600)
 #   exercises/hub/setup.sh start | stop | status                    the hub
-#   exercises/hub/setup.sh uninstall [--keep-venv] [--remove-users] the hub, its files and folders
+#   exercises/hub/setup.sh archive [--to DIR]        gradebook, grades, course, exchange: a
+#                                                    root-only tarball (end of term)
+#   exercises/hub/setup.sh uninstall [--keep-venv] [--remove-users [--remove-instructor]]
+#                                    [--no-archive]   archives first, then removes the hub, its
+#                                    files and folders (users: only those it created)
 #
-# Running `install` again changes nothing that is already as it should be (it only reports).
+# Ports: 8000 (users, 127.0.0.1; put a TLS reverse proxy in front), 8081 (the hub's API) and
+# 8001 (the proxy's API), both 127.0.0.1 only. Running `install` again changes nothing that is
+# already as it should be (it only reports); it restarts the hub (stopping every user's running
+# server) only when the hub's own configuration changed, and never with --no-restart.
 # Locations can be moved with environment variables (defaults in brackets):
 #   GPCLAB_COURSE_PREFIX [/opt/gpclab-course]  the venv, configurable-http-proxy, the hub's state
 #   GPCLAB_EXCHANGE      [/srv/nbgrader/exchange]  nbgrader's exchange root
+#   GPCLAB_ARCHIVE_DIR   [/var/backups/gpclab-course]  where archive (and uninstall) put tarballs
 set -euo pipefail
 umask 022
 # the caller's Python settings must not reach the venv, the compile step or the hub (whose
@@ -42,15 +52,45 @@ die() { printf '%s\n' "gpclab-hub: error: $*" >&2; exit 1; }
 need_root() { [ "$(id -u)" = 0 ] || die "run as root (it creates users, /etc files and the hub)"; }
 
 # ---- small idempotent helpers -----------------------------------------------------------------
+# the files this recipe wrote, with the hash of what it wrote ("HASH  PATH" lines, root only): a
+# file outside the prefix found different from what the recipe last wrote (or that it never
+# wrote) is kept as PATH.before-gpclab-<time> before being replaced
+WRITTEN=$STATE/written-files
+written_hash() { [ -f "$WRITTEN" ] && awk -v p="$1" 'substr($0, 67) == p { h = $1 } END { if (h) print h }' "$WRITTEN"; }
+record_written() {
+    local h; h=$(sha256sum < "$1" | cut -c1-64)
+    [ -d "$(dirname "$WRITTEN")" ] || return 0
+    { [ -f "$WRITTEN" ] && awk -v p="$1" 'substr($0, 67) != p' "$WRITTEN"; echo "$h  $1"; } > "$WRITTEN.new"
+    chmod 600 "$WRITTEN.new"; mv -f "$WRITTEN.new" "$WRITTEN"
+}
 # install_file SRC DEST MODE OWNER: copy only if the content, mode or owner differ; sets CHANGED
 CHANGED=0
+ARCHIVED=""
+HUB_CHANGED=0   # the hub's own configuration or software changed: a restart is needed
+# hub_tracked CMD...: run CMD; if it changed anything, the hub needs a restart
+hub_tracked() {
+    local c0=$CHANGED; CHANGED=0
+    "$@"
+    if [ "$CHANGED" = 1 ]; then HUB_CHANGED=1; fi
+    if [ "$c0" = 1 ]; then CHANGED=1; fi
+}
 install_file() {
     local src=$1 dest=$2 mode=$3 owner=$4
     if [ -f "$dest" ] && cmp -s "$src" "$dest" \
         && [ "$(stat -c '%a %U:%G' "$dest")" = "$mode $owner" ]; then
+        [ -n "$(written_hash "$dest")" ] || record_written "$dest"
         return 0
     fi
+    if [ -L "$dest" ]; then die "$dest is a symbolic link; expected a file"; fi
+    # (inside the recipe's own prefix nothing is kept: it is all the recipe's)
+    if [ -f "$dest" ] && [ "${dest#"$PREFIX"/}" = "$dest" ] && ! cmp -s "$src" "$dest" \
+        && [ "$(sha256sum < "$dest" | cut -c1-64)" != "$(written_hash "$dest")" ]; then
+        local keep; keep="$dest.before-gpclab-$(date -u +%Y%m%dT%H%M%SZ)"
+        cp -p "$dest" "$keep"
+        say "kept $dest as $keep (it was not written by this recipe, or was changed since)"
+    fi
     install -D -m "$mode" -o "${owner%%:*}" -g "${owner##*:}" "$src" "$dest"
+    record_written "$dest"
     say "wrote $dest"
     CHANGED=1
 }
@@ -61,12 +101,15 @@ install_text() {
     install_file "$tmp" "$1" "$2" "$3"
     rm -f "$tmp"
 }
-# ensure_dir PATH MODE OWNER: create, or correct mode and owner
+# ensure_dir PATH MODE OWNER: create, or correct mode and owner (only folders the recipe owns:
+# never a folder's parent, never a system folder)
 ensure_dir() {
     local path=$1 mode=$2 owner=$3
     if [ -L "$path" ]; then die "$path is a symbolic link; expected a folder"; fi
+    refuse_system_dir "$path"
     if [ ! -d "$path" ]; then
-        mkdir -p "$path"
+        ensure_parent "$path"
+        mkdir "$path"
         say "created $path"
     fi
     if [ "$(stat -c '%a %U:%G' "$path")" != "$mode $owner" ]; then
@@ -75,24 +118,89 @@ ensure_dir() {
         say "set $path to $mode $owner"
     fi
 }
+# ensure_parent PATH: PATH's missing parents made (root's, 755); existing ones left as they are
+ensure_parent() {
+    local parent; parent=$(dirname "$1")
+    if [ ! -d "$parent" ]; then
+        mkdir -p -m 755 "$parent"
+        say "created $parent"
+    fi
+}
+# folders the recipe must never own, change or remove (its prefix or exchange set to one of them
+# by mistake): / and the system's top folders, and every user's home
+SYSTEM_DIRS="/ /bin /boot /dev /etc /home /lib /lib32 /lib64 /libx32 /media /mnt /opt /proc /root
+/run /sbin /srv /sys /tmp /usr /usr/bin /usr/lib /usr/local /usr/local/bin /usr/local/lib
+/usr/local/share /usr/sbin /usr/share /usr/src /var /var/backups /var/cache /var/lib /var/local
+/var/log /var/opt /var/spool /var/tmp /var/mail"
+is_system_dir() {
+    local p; p=$(realpath -m -- "$1")
+    local d
+    for d in $SYSTEM_DIRS; do [ "$p" = "$d" ] && return 0; done
+    getent passwd | cut -d: -f6 | grep -xF -- "$p" >/dev/null && return 0   # (no -q: a pipe closed early fails under pipefail)
+    return 1
+}
+refuse_system_dir() {
+    if is_system_dir "$1"; then die "$1 is a system folder (or a home): the recipe will not own, change or remove it; choose a folder of its own, e.g. /opt/gpclab-course"; fi
+}
+PREFIX_MARK=.gpclab-course-prefix
+# the prefix's course.env as this recipe writes it (an installation made before the marker)
+recipe_settings() { [ -f "$SETTINGS" ] && head -n 1 "$SETTINGS" | grep -qx '# written by exercises/hub/setup.sh install'; }
+EXCHANGE_MARK=.gpclab-course-exchange
+# remove_marked DIR MARK: rm -rf DIR only if it is the recipe's own (holds MARK) and no system folder
+remove_marked() {
+    local dir=$1 mark=$2
+    [ -e "$dir" ] || return 0
+    if is_system_dir "$dir"; then say "not removing $dir: a system folder"; return 1; fi
+    if [ -L "$dir" ] || [ ! -f "$dir/$mark" ]; then
+        say "not removing $dir: it has no $mark, so this recipe did not make it"; return 1
+    fi
+    rm -rf -- "$dir"
+    say "removed $dir"
+}
 ensure_group() {
     getent group "$1" >/dev/null || { groupadd "$1"; say "created group $1"; }
 }
+# user names: what useradd accepts on Debian, less what JupyterHub would change (it lower-cases
+# names) or could not serve: lower-case letters, digits, _ . -, not starting with a digit, a dot
+# or a dash (a numeric student id becomes e.g. s2301234), at most 32 characters
+valid_user_name() { [[ $1 =~ ^[a-z_][a-z0-9_.-]{0,31}$ ]]; }
+# the users this recipe created (one per line), the only ones uninstall --remove-users removes
+CREATED_USERS=$STATE/created-users
 # ensure_user NAME GROUP: a Unix user with a private home (0700), in GROUP; a new user gets a
-# random password, printed once
+# random password, in NEW_PASSWORD (empty when the user existed)
 ensure_user() {
     local name=$1 group=$2
-    [[ $name =~ ^[a-z_][a-z0-9_-]{0,30}$ ]] || die "'$name' is not a valid user name (lower-case letters, digits, _ and -)"
+    NEW_PASSWORD=""
+    valid_user_name "$name" || die "'$name' is not a valid user name (lower-case letters, digits, _ . and -, starting with a letter or _, at most 32; prefix a numeric student id with a letter: s2301234)"
     if ! id "$name" >/dev/null 2>&1; then
         useradd --create-home --shell /bin/bash -K HOME_MODE=0700 "$name"
-        local pw; pw=$(head -c 12 /dev/urandom | base64 | tr -d '/+=')
-        echo "$name:$pw" | chpasswd
-        say "created user $name with password: $pw   (change it with: passwd $name)"
+        echo "$name" >> "$CREATED_USERS"
+        NEW_PASSWORD=$(head -c 12 /dev/urandom | base64 | tr -d '/+=')
+        echo "$name:$NEW_PASSWORD" | chpasswd
     fi
     id -nG "$name" | tr ' ' '\n' | grep -qx "$group" || { usermod -a -G "$group" "$name"; say "added $name to $group"; }
     local home; home=$(getent passwd "$name" | cut -d: -f6)
     [ -d "$home" ] || die "$name's home $home does not exist"
     if [ "$(stat -c '%a' "$home")" != 700 ]; then chmod 700 "$home"; say "made $home private (700)"; fi
+}
+say_password() {
+    [ -z "$NEW_PASSWORD" ] || say "created user $1 with password: $NEW_PASSWORD   (change it with: passwd $1)"
+}
+
+# remove_refused_script PYTHON MODULE INBOUND: the root-run wrapper that sudo lets instructors
+# run. It takes exactly one assignment name and nothing else (no option reaches the Python
+# script, whose inbound folder is fixed here), so it can remove nothing outside INBOUND.
+remove_refused_script() {
+    cat <<END
+#!/bin/sh
+# remove the submissions of one assignment in the exchange's inbound that collect refuses
+# (see gpclab_checked_exchange); usage: sudo \$0 ASSIGNMENT
+if [ \$# -ne 1 ]; then echo "usage: remove-refused ASSIGNMENT (one assignment name, no options)" >&2; exit 2; fi
+case \$1 in
+    ''|.*|-*|*[!A-Za-z0-9_.-]*) echo "remove-refused: not an assignment name: '\$1' (letters, digits, _ . -)" >&2; exit 2;;
+esac
+exec "$1" -I "$2" --inbound "$3" -- "\$1"
+END
 }
 
 load_settings() {
@@ -113,16 +221,26 @@ hub_up() { curl -fsS -o /dev/null "http://127.0.0.1:$PORT/hub/api/" 2>/dev/null;
 cmd_install() {
     need_root
     load_settings
+    NO_RESTART=0
     while [ $# -gt 0 ]; do
         case $1 in
             --instructor) INSTRUCTOR=$2; shift 2;;
             --port) PORT=$2; shift 2;;
             --hub-port) HUB_PORT=$2; shift 2;;
             --proxy-api-port) PROXY_API_PORT=$2; shift 2;;
+            --no-restart) NO_RESTART=1; shift;;
             *) die "install: unknown argument '$1'";;
         esac
     done
     [ -n "$INSTRUCTOR" ] || die "install: name the instructor: setup.sh install --instructor NAME"
+    valid_user_name "$INSTRUCTOR" || die "install: '$INSTRUCTOR' is not a valid user name"
+    local port
+    for port in "$PORT" "$HUB_PORT" "$PROXY_API_PORT"; do
+        [[ $port =~ ^[0-9]{1,5}$ ]] && [ "$port" -ge 1 ] && [ "$port" -le 65535 ] \
+            || die "install: '$port' is not a port number (1-65535)"
+    done
+    [ "$PORT" != "$HUB_PORT" ] && [ "$PORT" != "$PROXY_API_PORT" ] && [ "$HUB_PORT" != "$PROXY_API_PORT" ] \
+        || die "install: --port, --hub-port and --proxy-api-port must differ ($PORT, $HUB_PORT, $PROXY_API_PORT)"
     [ -f "$CLONE/gpclab.py" ] && [ -d "$CLONE/exercises/source" ] || die "run setup.sh from a clone of gpclab ($CLONE has no gpclab.py or exercises/source)"
 
     # 1. Debian packages: venv, node + npm (configurable-http-proxy), bubblewrap (the grading
@@ -139,21 +257,30 @@ cmd_install() {
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     fi
 
-    # 2. groups and the instructor
-    ensure_group "$STUDENTS_GROUP"
-    ensure_group "$INSTRUCTORS_GROUP"
-    ensure_user "$INSTRUCTOR" "$INSTRUCTORS_GROUP"
-    local ihome; ihome=$(getent passwd "$INSTRUCTOR" | cut -d: -f6)
-    local igroup; igroup=$(id -gn "$INSTRUCTOR")
-
-    # 3. the course prefix: world-readable software, root-only hub state
+    # 2. the course prefix: world-readable software, root-only hub state. A folder of its own:
+    #    never a system folder; an existing one only if this recipe made it (its marker file)
+    refuse_system_dir "$PREFIX"
+    refuse_system_dir "$EXCHANGE"
+    if [ -d "$PREFIX" ] && [ ! -f "$PREFIX/$PREFIX_MARK" ] && ! recipe_settings \
+        && [ -n "$(ls -A "$PREFIX")" ]; then
+        die "$PREFIX exists, is not empty and was not made by this recipe (no $PREFIX_MARK): choose another GPCLAB_COURSE_PREFIX"
+    fi
     ensure_dir "$PREFIX" 755 root:root
+    [ -f "$PREFIX/$PREFIX_MARK" ] || echo "gpclab course hub prefix (exercises/hub/setup.sh); uninstall removes this folder" > "$PREFIX/$PREFIX_MARK"
     ensure_dir "$PREFIX/etc" 755 root:root
     ensure_dir "$PREFIX/bin" 755 root:root
     ensure_dir "$PREFIX/lib" 755 root:root
     ensure_dir "$STATE" 700 root:root
     ensure_dir "$PREFIX/log" 700 root:root
-    install_text "$SETTINGS" 644 root:root <<END
+
+    # 3. groups and the instructor
+    ensure_group "$STUDENTS_GROUP"
+    ensure_group "$INSTRUCTORS_GROUP"
+    ensure_user "$INSTRUCTOR" "$INSTRUCTORS_GROUP"; say_password "$INSTRUCTOR"
+    local ihome; ihome=$(getent passwd "$INSTRUCTOR" | cut -d: -f6)
+    local igroup; igroup=$(id -gn "$INSTRUCTOR")
+
+    hub_tracked install_text "$SETTINGS" 644 root:root <<END
 # written by exercises/hub/setup.sh install
 INSTRUCTOR=$INSTRUCTOR
 PORT=$PORT
@@ -169,7 +296,7 @@ END
     if [ ! -x "$VENV/bin/python" ]; then
         say "creating the course venv $VENV"
         /usr/bin/python3 -m venv "$VENV"
-        CHANGED=1
+        CHANGED=1; HUB_CHANGED=1
     fi
     # JupyterHub, and gpclab with what lectures and grading need, from this clone, not editable:
     # users import one read-only installation and never see the clone
@@ -184,7 +311,7 @@ END
         rm -rf "$build"
         echo "$want" > "$VENV/.gpclab-course-installed"
         rm -f "$VENV/.gpclab-course-compiled"
-        CHANGED=1
+        CHANGED=1; HUB_CHANGED=1
     fi
     # numba's cache, warmed once into the installation (read-only for users)
     local compiled; compiled="$(sha256sum "$("$VENV/bin/python" -c 'import importlib.util as u; print(u.find_spec("gpclab").origin)')" | cut -c1-16) $("$VENV/bin/python" -c 'import numba; print(numba.__version__)')"
@@ -200,7 +327,7 @@ END
         say "installing configurable-http-proxy (npm)"
         mkdir -p "$PREFIX/node"
         npm install --silent --prefix "$PREFIX/node" "$CHP_REQ" >/dev/null
-        CHANGED=1
+        CHANGED=1; HUB_CHANGED=1
     fi
 
     # 6. Jupyter server settings for everyone (in the venv): nbgrader's instructor extensions off
@@ -235,8 +362,17 @@ END
     # 7. the exchange: a sticky, world-writable root (nbgrader's exchange commands require it)
     #    and this course's folder made here, owned by the instructor, before any student can
     #    log in: nobody else can create, replace or list it. inbound is write-only for students.
-    ensure_dir "$(dirname "$EXCHANGE")" 755 root:root
+    #    An existing exchange root is used only if this recipe made it (its marker file) or it
+    #    already is what nbgrader needs (1777, root's); its parents are never changed.
+    if [ -d "$EXCHANGE" ] && [ ! -f "$EXCHANGE/$EXCHANGE_MARK" ] \
+        && [ "$(stat -c '%a %U' "$EXCHANGE")" != "1777 root" ]; then
+        die "$EXCHANGE exists (mode $(stat -c '%a %U' "$EXCHANGE")) and was not made by this recipe: choose another GPCLAB_EXCHANGE"
+    fi
+    local fresh_exchange=0; [ -d "$EXCHANGE" ] || fresh_exchange=1
     ensure_dir "$EXCHANGE" 1777 root:root
+    if [ "$fresh_exchange" = 1 ]; then
+        echo "gpclab course hub exchange root (exercises/hub/setup.sh); uninstall removes this folder" > "$EXCHANGE/$EXCHANGE_MARK"
+    fi
     local cdir=$EXCHANGE/$COURSE_ID
     if [ -e "$cdir" ] && [ "$(stat -c %U "$cdir")" != "$INSTRUCTOR" ]; then
         die "$cdir belongs to $(stat -c %U "$cdir"), not to the instructor $INSTRUCTOR: someone made it first. Inspect and remove it, then run install again."
@@ -255,7 +391,7 @@ END
         644 root:root <<END
 $PREFIX/lib
 END
-    ensure_dir /etc/jupyter 755 root:root
+    ensure_dir "$(dirname "$NBGRADER_GLOBAL")" 755 root:root
     install_text "$NBGRADER_GLOBAL" 644 root:root <<END
 # written by gpclab's exercises/hub/setup.sh: every user's nbgrader reads this
 c = get_config()  # noqa: F821
@@ -267,11 +403,8 @@ c.ExchangeFactory.collect = "gpclab_checked_exchange.CheckedCollect"
 END
     # the instructor removes refused submissions (owned by their forger) with
     #   sudo $PREFIX/bin/remove-refused ASSIGNMENT
-    install_text "$PREFIX/bin/remove-refused" 755 root:root <<END
-#!/bin/sh
-# remove the submissions in the exchange's inbound that collect refuses (see gpclab_checked_exchange)
-exec "$VENV/bin/python" -I "$PREFIX/lib/gpclab_checked_exchange.py" --inbound "$cdir/inbound" "\$@"
-END
+    install_text "$PREFIX/bin/remove-refused" 755 root:root \
+        < <(remove_refused_script "$VENV/bin/python" "$PREFIX/lib/gpclab_checked_exchange.py" "$cdir/inbound")
     install_text "$SUDOERS" 440 root:root <<END
 # gpclab course hub: instructors remove refused (forged) submissions from the exchange
 %$INSTRUCTORS_GROUP ALL=(root) NOPASSWD: $PREFIX/bin/remove-refused
@@ -303,6 +436,10 @@ END
         CHANGED=1
     fi
     ensure_dir "$course" 700 "$INSTRUCTOR:$igroup"
+    #     grade.py (parallel, resumable autograde) and the sandbox it uses, kept up to date at
+    #     every install (a copy the instructor changed is kept beside it first)
+    install_file "$CLONE/exercises/grade.py" "$course/grade.py" 644 "$INSTRUCTOR:$igroup"
+    install_file "$CLONE/exercises/grading_sandbox.py" "$course/grading_sandbox.py" 644 "$INSTRUCTOR:$igroup"
     ensure_dir "$ihome/.jupyter" 700 "$INSTRUCTOR:$igroup"
     ensure_dir "$ihome/.jupyter/labconfig" 755 "$INSTRUCTOR:$igroup"
     install_text "$ihome/.jupyter/nbgrader_config.py" 644 "$INSTRUCTOR:$igroup" <<END
@@ -336,28 +473,120 @@ END
         say "made the clone $CLONE private (700, root)"
     fi
 
-    # 13. the hub: configuration, then start (or restart if anything above changed)
-    install_file "$HERE/jupyterhub_config.py" "$PREFIX/etc/jupyterhub_config.py" 644 root:root
+    # 13. the hub: configuration, a systemd service where systemd runs the machine (the hub
+    #     comes back after a reboot), then start; restart only if the hub's own configuration or
+    #     software changed, which stops every user's running server
+    hub_tracked install_file "$HERE/jupyterhub_config.py" "$PREFIX/etc/jupyterhub_config.py" 644 root:root
     if [ ! -s "$STATE/admin_token" ]; then
         (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$STATE/admin_token")
-        CHANGED=1
+        CHANGED=1; HUB_CHANGED=1
+    fi
+    if have_systemd; then
+        hub_tracked install_text "$UNIT" 644 root:root < <(unit_text)
+        if [ "$HUB_CHANGED" = 1 ]; then systemctl daemon-reload; fi
+        systemctl is-enabled --quiet "$UNIT_NAME" 2>/dev/null || { systemctl enable --quiet "$UNIT_NAME"; say "enabled $UNIT_NAME (the hub starts at boot)"; CHANGED=1; }
+    else
+        #  no systemd (a container): the hub runs under setsid and does not come back after a
+        #  reboot by itself (run setup.sh start); its log is rotated by logrotate where present
+        if [ -d "$(dirname "$LOGROTATE")" ]; then install_text "$LOGROTATE" 644 root:root < <(logrotate_text); fi
     fi
     if hub_pid >/dev/null; then
-        if [ "$CHANGED" = 1 ]; then say "restarting the hub (its set-up changed)"; cmd_stop; cmd_start
-        else say "the hub is running (pid $(hub_pid)) at http://127.0.0.1:$PORT/"; fi
+        if [ "$HUB_CHANGED" = 1 ] && [ "$NO_RESTART" = 1 ]; then
+            say "the hub's configuration changed; not restarting it (--no-restart): run setup.sh stop && setup.sh start when no one works (it stops every user's running server)"
+        elif [ "$HUB_CHANGED" = 1 ]; then
+            say "restarting the hub (its configuration changed): every user's running server stops; users start theirs again from the hub's page (unsaved changes in open notebooks are lost)"
+            cmd_stop; cmd_start
+        else say "the hub is running (pid $(hub_pid)) at http://127.0.0.1:$PORT/ (not restarted: its configuration is unchanged)"; fi
     else
         cmd_start
     fi
     [ "$CHANGED" = 1 ] || say "nothing to change: the set-up is complete"
 }
 
+# ---- the hub as a service ----------------------------------------------------------------------
+UNIT_NAME=gpclab-hub.service
+UNIT=/etc/systemd/system/$UNIT_NAME
+LOGROTATE=/etc/logrotate.d/gpclab-course
+have_systemd() { [ -d /run/systemd/system ] && [ "$(cat /proc/1/comm 2>/dev/null)" = systemd ]; }
+unit_text() {
+    cat <<END
+# written by gpclab's exercises/hub/setup.sh: the course hub (log: journalctl -u $UNIT_NAME)
+[Unit]
+Description=gpclab course hub (JupyterHub)
+After=network.target
+
+[Service]
+WorkingDirectory=$STATE
+Environment=PATH=$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+ExecStart=$VENV/bin/jupyterhub -f $PREFIX/etc/jupyterhub_config.py
+Restart=on-failure
+RestartSec=5
+# the hub stops the users' servers itself at a stop; then everything left in the unit ends
+KillMode=mixed
+TimeoutStopSec=60
+
+[Install]
+WantedBy=multi-user.target
+END
+}
+logrotate_text() {
+    cat <<END
+# written by gpclab's exercises/hub/setup.sh: the course hub's log (setup.sh start appends to it)
+$LOG {
+    weekly
+    maxsize 20M
+    rotate 4
+    compress
+    missingok
+    notifempty
+    copytruncate
+}
+END
+}
+
+# add-student NAME... prints each new user's password; add-student --from FILE.csv [--passwords
+# OUT.csv] takes the names from FILE's first column (a header line "name"/"username"/"user", empty
+# lines and lines starting with # are skipped) and writes "name,password" lines for the users it
+# created to OUT (default ./gpclab-passwords-<time>.csv), mode 600, printing no password
 cmd_add_student() {
     need_root
     load_settings
     [ -f "$SETTINGS" ] || die "run setup.sh install first"
-    [ $# -gt 0 ] || die "add-student: name at least one student"
-    local name
-    for name in "$@"; do ensure_user "$name" "$STUDENTS_GROUP"; done
+    local from="" out="" names=()
+    while [ $# -gt 0 ]; do
+        case $1 in
+            --from) from=$2; shift 2;;
+            --passwords) out=$2; shift 2;;
+            -*) die "add-student: unknown option '$1'";;
+            *) names+=("$1"); shift;;
+        esac
+    done
+    if [ -n "$from" ]; then
+        [ -f "$from" ] || die "add-student: no file $from"
+        local line name
+        while IFS= read -r line || [ -n "$line" ]; do
+            line=${line%$'\r'}
+            name=${line%%[,;	]*}; name=${name//\"/}; name=${name// /}
+            case $name in ''|'#'*|name|username|user|login) continue;; esac
+            names+=("$name")
+        done < "$from"
+        out=${out:-./gpclab-passwords-$(date -u +%Y%m%dT%H%M%SZ).csv}
+    elif [ -n "$out" ]; then die "add-student: --passwords goes with --from"
+    fi
+    [ ${#names[@]} -gt 0 ] || die "add-student: name at least one student (or --from FILE.csv)"
+    local n; for n in "${names[@]}"; do valid_user_name "$n" || die "add-student: '$n' is not a valid user name (lower-case letters, digits, _ . -, starting with a letter or _; prefix a numeric student id with a letter: s2301234); nothing was changed"; done
+    if [ -n "$out" ]; then
+        [ -e "$out" ] && die "add-student: $out exists; name another with --passwords"
+        (umask 077; : > "$out")
+    fi
+    local created=0
+    for n in "${names[@]}"; do
+        ensure_user "$n" "$STUDENTS_GROUP"
+        if [ -n "$out" ]; then
+            if [ -n "$NEW_PASSWORD" ]; then echo "$n,$NEW_PASSWORD" >> "$out"; created=$((created + 1)); say "created user $n"; fi
+        else say_password "$n"; fi
+    done
+    if [ -n "$out" ]; then say "$created new user(s); their passwords are in $out (mode 600): hand them out, then delete it"; fi
 }
 
 cmd_start() {
@@ -365,26 +594,41 @@ cmd_start() {
     load_settings
     [ -f "$PREFIX/etc/jupyterhub_config.py" ] || die "run setup.sh install first"
     if hub_pid >/dev/null; then say "the hub is running (pid $(hub_pid))"; return 0; fi
-    say "starting the hub at http://127.0.0.1:$PORT/ (log: $LOG)"
-    (cd "$STATE" || exit 1
-     PATH="$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"; export PATH
-     exec setsid "$VENV/bin/jupyterhub" -f "$PREFIX/etc/jupyterhub_config.py") >>"$LOG" 2>&1 </dev/null &
+    if have_systemd && [ -f "$UNIT" ]; then
+        say "starting the hub at http://127.0.0.1:$PORT/ ($UNIT_NAME; log: journalctl -u $UNIT_NAME)"
+        systemctl start "$UNIT_NAME"
+    else
+        # a bounded log where logrotate does not run: a log over 20 MiB is moved aside (one kept)
+        if [ -f "$LOG" ] && [ "$(stat -c %s "$LOG")" -gt 20971520 ]; then mv -f "$LOG" "$LOG.1"; fi
+        say "starting the hub at http://127.0.0.1:$PORT/ (log: $LOG)"
+        (cd "$STATE" || exit 1
+         PATH="$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"; export PATH
+         exec setsid "$VENV/bin/jupyterhub" -f "$PREFIX/etc/jupyterhub_config.py") >>"$LOG" 2>&1 </dev/null &
+    fi
     # JupyterHub writes its pid file itself (c.JupyterHub.pid_file)
     local i
     for i in $(seq 1 120); do
         sleep 1
         if hub_up && hub_pid >/dev/null; then say "the hub is up (pid $(hub_pid))"; return 0; fi
-        if [ "$i" -gt 10 ] && ! hub_pid >/dev/null; then tail -n 30 "$LOG" >&2; die "the hub exited; see $LOG"; fi
+        if [ "$i" -gt 10 ] && ! hub_pid >/dev/null; then hub_log_tail >&2; die "the hub exited; see $(hub_log_name)"; fi
     done
-    tail -n 30 "$LOG" >&2
-    die "the hub did not answer within 120 s; see $LOG"
+    hub_log_tail >&2
+    die "the hub did not answer within 120 s; see $(hub_log_name)"
+}
+hub_log_name() { if have_systemd && [ -f "$UNIT" ]; then echo "journalctl -u $UNIT_NAME"; else echo "$LOG"; fi; }
+hub_log_tail() {
+    if have_systemd && [ -f "$UNIT" ]; then journalctl -u "$UNIT_NAME" -n 30 --no-pager || true
+    else tail -n 30 "$LOG" || true; fi
 }
 
 cmd_stop() {
     need_root
     load_settings
     local pid
-    if pid=$(hub_pid); then
+    if have_systemd && [ -f "$UNIT" ] && systemctl is-active --quiet "$UNIT_NAME"; then
+        systemctl stop "$UNIT_NAME"
+        say "stopped the hub ($UNIT_NAME)"
+    elif pid=$(hub_pid); then
         kill -TERM "$pid"
         local i
         for i in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
@@ -405,35 +649,124 @@ cmd_status() {
     else say "not running"; return 1; fi
 }
 
+# archive [--to DIR]: the term's record in one root-only tarball: the instructor's course folder
+# (gradebook.db, source, release, submitted, autograded, manual grades, feedback), the grades
+# exported by `nbgrader export` (grades.csv), and the course's folder in the exchange
+ARCHIVE_DIR=${GPCLAB_ARCHIVE_DIR:-/var/backups/gpclab-course}
+cmd_archive() {
+    need_root
+    load_settings
+    local to=$ARCHIVE_DIR
+    while [ $# -gt 0 ]; do
+        case $1 in --to) to=$2; shift 2;; *) die "archive: unknown argument '$1'";; esac
+    done
+    [ -n "$INSTRUCTOR" ] || { say "nothing to archive (no course.env: not installed)"; return 0; }
+    local ihome=""; ihome=$(getent passwd "$INSTRUCTOR" | cut -d: -f6) || true
+    local course=${ihome:+$ihome/course} cdir=$EXCHANGE/$COURSE_ID
+    local parts=() extra; extra=$(mktemp -d)
+    chmod 700 "$extra"
+    if [ -n "$course" ] && [ -d "$course" ]; then
+        parts+=("${course#/}")
+        if [ -x "$VENV/bin/nbgrader" ] && [ -f "$course/gradebook.db" ]; then
+            local exp; exp=$(mktemp -d); chown "$INSTRUCTOR" "$exp"
+            if runuser -u "$INSTRUCTOR" -- env -i HOME="$ihome" PATH="$VENV/bin:/usr/bin:/bin" \
+                sh -c 'cd "$1" && nbgrader export --to "$2/grades.csv"' sh "$course" "$exp" >/dev/null 2>&1 \
+                && [ -f "$exp/grades.csv" ]; then
+                cp "$exp/grades.csv" "$extra/grades.csv"
+                say "exported the grades (nbgrader export: grades.csv in the archive)"
+            else
+                say "could not export the grades (nbgrader export failed); the gradebook is in the archive"
+            fi
+            rm -rf "$exp"
+        fi
+    fi
+    if [ -d "$cdir" ]; then parts+=("${cdir#/}"); fi
+    if [ ${#parts[@]} -eq 0 ] && [ ! -f "$extra/grades.csv" ]; then
+        rm -rf "$extra"; say "nothing to archive (no course folder, no exchange)"; return 0
+    fi
+    refuse_system_dir "$to"
+    # a new folder is made root's, mode 700; an existing one is left as it is (the tarball
+    # itself is mode 600)
+    if [ ! -d "$to" ]; then ensure_parent "$to"; mkdir -m 700 "$to"; say "created $to (700)"; fi
+    local tarball; tarball="$to/gpclab-course-$(date -u +%Y%m%dT%H%M%SZ).tar.gz"
+    local args=(-C / "${parts[@]}")
+    if [ -f "$extra/grades.csv" ]; then args+=(-C "$extra" grades.csv); fi
+    if ! (umask 077; tar -czf "$tarball" "${args[@]}"); then
+        rm -rf "$extra"
+        die "archive: tar failed; $tarball is incomplete (nothing was removed). Fix the cause, or uninstall --no-archive after your own copy"
+    fi
+    chmod 600 "$tarball"
+    local with=""; if [ -f "$extra/grades.csv" ]; then with=" and grades.csv"; fi
+    rm -rf "$extra"
+    say "archived the course to $tarball (root only, $(du -h "$tarball" | cut -f1)): ${parts[*]/#//}$with"
+    ARCHIVED=$tarball
+}
+
 cmd_uninstall() {
     need_root
     load_settings
-    local keep_venv=0 remove_users=0
+    local keep_venv=0 remove_users=0 remove_instructor=0 archive=1
     while [ $# -gt 0 ]; do
         case $1 in --keep-venv) keep_venv=1; shift;; --remove-users) remove_users=1; shift;;
+            --remove-instructor) remove_instructor=1; shift;;
+            --no-archive) archive=0; shift;;
             *) die "uninstall: unknown argument '$1'";; esac
     done
+    [ "$remove_instructor" = 0 ] || [ "$remove_users" = 1 ] || die "uninstall: --remove-instructor goes with --remove-users"
+    refuse_system_dir "$PREFIX"
+    refuse_system_dir "$EXCHANGE"
     cmd_stop
+    # the term's record first (the course folder, the grades, the exchange)
+    if [ "$archive" = 1 ]; then cmd_archive; fi
     if [ "$remove_users" = 1 ]; then
-        local g u
-        for g in "$STUDENTS_GROUP" "$INSTRUCTORS_GROUP"; do
-            for u in $(getent group "$g" | cut -d: -f4 | tr ',' ' '); do
+        # only the users this recipe created (recorded at creation), never the instructor (and
+        # their course) without --remove-instructor
+        local u g
+        if [ -f "$CREATED_USERS" ]; then
+            for u in $(sort -u "$CREATED_USERS"); do
+                id "$u" >/dev/null 2>&1 || continue
+                if [ "$u" = "$INSTRUCTOR" ] && [ "$remove_instructor" = 0 ]; then
+                    say "kept the instructor $u and their home (--remove-instructor removes them)"; continue
+                fi
                 pkill -KILL -u "$u" 2>/dev/null || true
-                userdel -r "$u" 2>/dev/null && say "removed user $u" || true
+                userdel -r "$u" 2>/dev/null && say "removed user $u" || say "could not remove user $u"
             done
+        else
+            say "no record of users created by the recipe ($CREATED_USERS): no user removed"
+        fi
+        for g in "$STUDENTS_GROUP" "$INSTRUCTORS_GROUP"; do
+            local left; left=$(getent group "$g" | cut -d: -f4) || true
+            if [ -n "$left" ]; then say "kept group $g (members the recipe did not create, or kept: $left)"
+            else groupdel "$g" 2>/dev/null || true; fi
         done
-        for g in "$STUDENTS_GROUP" "$INSTRUCTORS_GROUP"; do groupdel "$g" 2>/dev/null || true; done
     fi
-    rm -f "$NBGRADER_GLOBAL" "$PROFILE_D" "$SUDOERS"
-    rmdir /etc/jupyter 2>/dev/null || true
-    rm -rf "${EXCHANGE:?}/$COURSE_ID"
-    rmdir "$EXCHANGE" 2>/dev/null || true
+    if have_systemd && [ -f "$UNIT" ]; then
+        systemctl disable --quiet "$UNIT_NAME" 2>/dev/null || true
+        rm -f "$UNIT"; systemctl daemon-reload || true
+    fi
+    # /etc/jupyter/nbgrader_config.py only if it is still what the recipe wrote
+    if [ -f "$NBGRADER_GLOBAL" ]; then
+        if [ "$(sha256sum < "$NBGRADER_GLOBAL" | cut -c1-64)" = "$(written_hash "$NBGRADER_GLOBAL")" ]; then
+            rm -f "$NBGRADER_GLOBAL"
+        else say "kept $NBGRADER_GLOBAL: it was changed after the recipe wrote it"; fi
+    fi
+    rm -f "$PROFILE_D" "$SUDOERS" "$LOGROTATE"
+    rmdir "$(dirname "$NBGRADER_GLOBAL")" 2>/dev/null || true
+    if [ -f "$EXCHANGE/$EXCHANGE_MARK" ]; then
+        remove_marked "$EXCHANGE" "$EXCHANGE_MARK" || true
+    elif [ -d "$EXCHANGE/$COURSE_ID" ] && [ ! -L "$EXCHANGE/$COURSE_ID" ]; then
+        rm -rf -- "${EXCHANGE:?}/$COURSE_ID"; say "removed $EXCHANGE/$COURSE_ID"
+    fi
     if [ "$keep_venv" = 1 ]; then
-        find "$PREFIX" -mindepth 1 -maxdepth 1 ! -name venv ! -name node -exec rm -rf {} +
+        if [ -f "$PREFIX/$PREFIX_MARK" ] || recipe_settings; then
+            find "$PREFIX" -mindepth 1 -maxdepth 1 ! -name venv ! -name node ! -name "$PREFIX_MARK" -exec rm -rf {} +
+        else say "not touching $PREFIX: it has no $PREFIX_MARK"; fi
     else
-        rm -rf "${PREFIX:?}"
+        # an installation from before the marker: its course.env, as the recipe writes it
+        if [ ! -f "$PREFIX/$PREFIX_MARK" ] && recipe_settings; then echo "older install" > "$PREFIX/$PREFIX_MARK"; fi
+        remove_marked "$PREFIX" "$PREFIX_MARK" || true
     fi
-    say "uninstalled"
+    say "uninstalled${ARCHIVED:+ (the course is archived in $ARCHIVED)}"
 }
 
 main() {
@@ -443,10 +776,12 @@ main() {
         start) cmd_start;;
         stop) cmd_stop;;
         status) cmd_status;;
+        archive) shift; cmd_archive "$@";;
         uninstall) shift; cmd_uninstall "$@";;
-        *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2;;
+        *) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2;;
     esac
 }
 
-# the whole file is read before anything runs (an edit during a run cannot change it)
-main "$@"; exit $?
+# the whole file is read before anything runs (an edit during a run cannot change it); sourced
+# (as tests/test_hub_recipe.py does), it only defines its functions
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then main "$@"; exit $?; fi
