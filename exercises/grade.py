@@ -15,9 +15,13 @@ write the one gradebook (gradebook.db), each access under a file lock (gradebook
 the gradebook, autograded/ and everything after (formgrader, generate_feedback, export) are as
 `nbgrader autograde` leaves them.
 
-Resumable: a submission counts as graded when autograded/<student>/<assignment>/ holds each of its
-notebooks, newer than the submitted one; a run that is stopped (Ctrl-C, killed) and started again
-grades only the rest. --force grades everything again.
+Resumable: each submission graded is recorded in grading_logs/<assignment>/<student>.graded.json
+(its timestamp.txt, as nbgrader collect wrote it, and a hash of every file submitted). A submission
+counts as graded when that record matches what submitted/<student>/<assignment>/ holds now and
+autograded/ has each of its notebooks; a resubmission (a new timestamp.txt or changed notebooks)
+is graded again whatever the files' modification times (collect keeps the student's save times).
+A run that is stopped (Ctrl-C, killed) and started again grades only the rest. --force grades
+everything again.
 
 A progress bar shows the count, the rate and the time left; the summary at the end lists what
 was graded, what failed (with its log, grading_logs/<assignment>/<student>.log) and which cells
@@ -30,6 +34,7 @@ import argparse
 import contextlib
 import fcntl
 import glob
+import hashlib
 import json
 import logging
 import os
@@ -123,6 +128,8 @@ def _grade_one(course, assignment, student, nbgrader_args):
     from nbgrader.apps import AutogradeApp
 
     t0 = time.perf_counter()
+    # what is graded: taken before grading, so a resubmission during the run is graded next time
+    fingerprint = _fingerprint(course, assignment, student)
     log_dir = os.path.join(course, "grading_logs", assignment)
     os.makedirs(log_dir, exist_ok=True)
     log_path = os.path.join(log_dir, f"{student}.log")
@@ -157,7 +164,14 @@ def _grade_one(course, assignment, student, nbgrader_args):
                 if out.get("output_type") == "error" and out.get("ename") in STOP_NAMES:
                     gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") or "(cell)"
                     stopped.append(f"{gid}: {out['ename']}: {out.get('evalue', '')}")
-    graded = code == 0 and _is_graded(course, assignment, student)
+    graded = code == 0 and _has_notebooks(course, assignment, student)
+    record = _record_path(course, assignment, student)
+    if graded:
+        with open(record + ".part", "w") as fh:
+            json.dump(fingerprint, fh)
+        os.replace(record + ".part", record)
+    elif os.path.exists(record):
+        os.remove(record)
     return dict(assignment=assignment, student=student, ok=graded, seconds=time.perf_counter() - t0,
                 stopped=stopped, log=log_path, worker_start=setup, pid=os.getpid())
 
@@ -167,17 +181,42 @@ def _notebooks(folder):
     return sorted(os.path.basename(p) for p in glob.glob(os.path.join(folder, "*.ipynb")))
 
 
-def _is_graded(course, assignment, student):
+def _record_path(course, assignment, student):
+    return os.path.join(course, "grading_logs", assignment, f"{student}.graded.json")
+
+
+def _fingerprint(course, assignment, student):
+    """The submission as it is now: its timestamp.txt and a hash of every file in it (names and
+    contents, not modification times)."""
     sub = os.path.join(course, "submitted", student, assignment)
+    digest = hashlib.sha256()
+    for base, dirs, files in os.walk(sub):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(base, name)
+            digest.update(os.path.relpath(path, sub).encode() + b"\0")
+            with open(path, "rb") as fh:
+                digest.update(hashlib.sha256(fh.read()).digest())
+    stamp = os.path.join(sub, "timestamp.txt")
+    timestamp = open(stamp).read().strip() if os.path.exists(stamp) else None
+    return {"student": student, "assignment": assignment, "timestamp": timestamp, "sha256": digest.hexdigest()}
+
+
+def _has_notebooks(course, assignment, student):
+    names = _notebooks(os.path.join(course, "submitted", student, assignment))
     out = os.path.join(course, "autograded", student, assignment)
-    names = _notebooks(sub)
-    if not names or not os.path.isdir(out):
+    return bool(names) and all(os.path.exists(os.path.join(out, n)) for n in names)
+
+
+def _is_graded(course, assignment, student):
+    """Graded: the record of its last grading matches the submission as it is now, and autograded/
+    holds each of its notebooks."""
+    try:
+        with open(_record_path(course, assignment, student)) as fh:
+            record = json.load(fh)
+    except (OSError, ValueError):
         return False
-    for name in names:
-        graded = os.path.join(out, name)
-        if not os.path.exists(graded) or os.path.getmtime(graded) < os.path.getmtime(os.path.join(sub, name)):
-            return False
-    return True
+    return record == _fingerprint(course, assignment, student) and _has_notebooks(course, assignment, student)
 
 
 def find_work(course, assignments, students=None, force=False):
