@@ -32,6 +32,13 @@ Each sandbox is also bounded (SandboxedExecute, SandboxedKernelManager):
   the autograded notebook nor the feedback carries hidden test code, whichever way student code
   found it (history, the calling frame, `inspect`).
 
+- inert output: outputs of the graded notebook are shown in the instructor's browser (formgrader)
+  and in the student's feedback, so after execution every display output keeps only plain text
+  and raster images (PNG, JPEG, GIF); HTML, JavaScript, SVG, Markdown, widget views and any other
+  rich type are dropped, and an output left with none of its types shows its text/plain form or
+  a notice. Student code's `display(HTML('<script>...'))`, `Javascript(...)` or an `<img
+  onerror=...>` thus reaches nobody's browser as active content.
+
 Without `bwrap` on the PATH autograde refuses to run a kernel. An instructor who grades elsewhere
 in isolation (e.g. a container per submission) opts out in nbgrader_config.py with
 `c.SandboxedKernelManager.allow_unsandboxed = True`.
@@ -349,6 +356,36 @@ def scrub_files(folder, fragments, since, max_bytes=50 * 2 ** 20):
     return found
 
 
+# the output types that stay in a graded notebook: no markup, no script (SVG can hold script)
+INERT_TYPES = ("text/plain", "image/png", "image/jpeg", "image/gif")
+INERT_NOTICE = "[removed from the graded notebook: an output of type {types}, which a browser would run or render]"
+
+
+def neutralise_outputs(nb):
+    """Keep only inert types (INERT_TYPES) in every display output of the notebook; returns how
+    many outputs lost something."""
+    count = 0
+    # the state of widgets (rendered by a widget manager in the feedback's HTML)
+    if nb.get("metadata", {}).pop("widgets", None) is not None:
+        count += 1
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data")
+            if out.get("output_type") not in ("display_data", "execute_result", "update_display_data") or data is None:
+                continue
+            dropped = sorted(k for k in data if k not in INERT_TYPES)
+            if not dropped:
+                continue
+            count += 1
+            for k in dropped:
+                del data[k]
+            for k in dropped:
+                out.get("metadata", {}).pop(k, None)
+            if not data:
+                data["text/plain"] = INERT_NOTICE.format(types=", ".join(dropped))
+    return count
+
+
 def _error(ename, evalue):
     return NotebookNode(output_type="error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
 
@@ -387,6 +424,9 @@ class SandboxedExecute(Execute):
         self.timeout_func = self._cell_timeout
         started = time.time()
         nb, resources = super().preprocess(nb, resources, km)
+        n = neutralise_outputs(nb)
+        if n:
+            self.log.warning("%d output(s) held HTML, script or other active types: kept as plain text", n)
         if self.seal:
             fragments = hidden_fragments(nb)
             n = scrub_outputs(nb, fragments)
