@@ -16,10 +16,12 @@ A = "toy"
 
 # the hidden tests: the lines that must never reach a student
 HIDDEN = {
-    "partA_works": 'assert add(40, 2) == 42 and add(-7, 7) == 0, "add misses a hidden case"',
-    "partB_works": 'assert mul(6, 7) == 42 and mul(-3, 5) == -15, "mul misses a hidden case"',
-    "partC_works": 'assert neg(5) == -5 and neg(-2.5) == 2.5, "neg misses a hidden case"',
+    "partA_works": 'assert type(add(40, 2)) in (int, float) and add(40, 2) == 42 and add(-7, 7) == 0, "add misses a hidden case"',
+    "partB_works": 'assert type(mul(6, 7)) in (int, float) and mul(6, 7) == 42 and mul(-3, 5) == -15, "mul misses a hidden case"',
+    "partC_works": 'assert type(neg(5)) in (int, float) and neg(5) == -5 and neg(-2.5) == 2.5, "neg misses a hidden case"',
 }
+# (the exact type first: an object whose == always says True, or a float subclass that lies,
+# passes an equality test)
 SOLUTIONS = {
     "partA_answer": "def add(a, b):\n    return a + b",
     "partB_answer": "def mul(a, b):\n    return a * b",

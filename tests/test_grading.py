@@ -52,10 +52,33 @@ HOSTILE = {
                                       "def neg(a):\n    return -a")},
     "environment": {"partA_answer": ("import json\njson.dump(sorted(os.environ), open('env.json', 'w'))\n"
                                      "def add(a, b):\n    return a + b")},
+    # active content for the instructor's browser (formgrader) and the feedback
+    "inject": {"partA_answer": (
+        "from IPython.display import HTML, Javascript, SVG, Markdown, display\n"
+        "display(HTML('<script>document.title = \"pwned\"</script><b>hi</b>'))\n"
+        "display(Javascript('document.title = \"pwned\"'))\n"
+        "display({'text/html': '<img src=x onerror=alert(1)>', 'text/plain': 'an image'}, raw=True)\n"
+        "display({'application/javascript': 'alert(2)'}, raw=True)\n"
+        "display(SVG('<svg xmlns=\"http://www.w3.org/2000/svg\"><script>alert(3)</script></svg>'))\n"
+        "display(Markdown('<script>alert(4)</script>'))\n"
+        "display({'application/vnd.jupyter.widget-view+json': {'model_id': 'x', 'version_major': 2, "
+        "'version_minor': 0}, 'text/plain': 'a widget'}, raw=True)\n"
+        "def add(a, b):\n    return a + b")},
+    # cheats: an answer that always compares equal, a float that lies, rebinding AssertionError
+    "cheat_eq": {"partA_answer": ("class Yes:\n    def __eq__(self, other):\n        return True\n"
+                                  "    __hash__ = object.__hash__\n"
+                                  "def add(a, b):\n    return Yes()")},
+    "cheat_float": {"partC_answer": ("class Yes(float):\n    def __eq__(self, other):\n        return True\n"
+                                     "    __hash__ = float.__hash__\n"
+                                     "def neg(a):\n    return Yes(0)")},
+    "cheat_assertion": {"partB_answer": ("import builtins\nbuiltins.AssertionError = Warning\n"
+                                         "AssertionError = Warning\n"
+                                         "def mul(a, b):\n    return a + b")},
 }
 EXPECTED = {  # (A, B, C) points
     "good": (1, 1, 1), "loop": (0, 1, 1), "no_sigint": (0, 1, 1), "hog": (1, 0, 1),
     "leak_history": (1, 1, 1), "leak_frame": (1, 1, 1), "leak_inspect": (1, 1, 1), "environment": (1, 1, 1),
+    "inject": (1, 1, 1), "cheat_eq": (0, 1, 1), "cheat_float": (1, 1, 0), "cheat_assertion": (1, 0, 1),
 }
 
 
@@ -89,7 +112,7 @@ def test_stopped_cells_say_why(toy):
     hog = T.outputs(toy["course"], "hog", "partB_works")
     assert "MemoryLimitExceeded" in hog and "exceeded 0.5 GiB" in hog
     # the summary names them, with the cell
-    assert re.search(r"graded 8, failed 0, with stopped cells 3", toy["out"]), toy["out"]
+    assert re.search(r"graded 12, failed 0, with stopped cells 3", toy["out"]), toy["out"]
     for student in ("loop", "no_sigint", "hog"):
         assert re.search(rf"stopped +toy {student} ", toy["out"]), toy["out"]
 
@@ -101,7 +124,7 @@ def test_hostile_submissions_cost_little_time(toy):
 
 
 def test_progress_bar_shows_count_rate_and_eta(toy):
-    assert "8/8" in toy["err"] and "submission/s" in toy["err"] or "s/submission" in toy["err"], toy["err"][-500:]
+    assert "12/12" in toy["err"] and "submission/s" in toy["err"] or "s/submission" in toy["err"], toy["err"][-500:]
 
 
 def _texts(course, student):
@@ -165,12 +188,57 @@ def test_resume_grades_only_what_is_left(toy):
     os.remove(os.path.join(course, "autograded", "hog", "toy", "toy.ipynb"))
     out = _grade(course, env, "toy", "-j", "2", "--no-progress", "--", *LIMITS)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "2 submission(s) to grade (6 graded already, skipped)" in out.stdout, out.stdout
+    assert "2 submission(s) to grade (10 graded already, skipped)" in out.stdout, out.stdout
     assert "graded 2, failed 0" in out.stdout
     assert T.grades(course, "good") == {"partA_works": 1, "partB_works": 1, "partC_works": 1}
     assert T.grades(course, "hog")["partB_works"] == 0
     again = _grade(course, env, "toy", "--no-progress", "--student", "good", "--force")
     assert "1 submission(s) to grade" in again.stdout and "graded 1, failed 0" in again.stdout, again.stdout
+
+
+def test_active_outputs_are_neutralised(toy):
+    """HTML, JavaScript, SVG, Markdown and widget outputs of student code reach neither the
+    autograded notebook (formgrader) nor the feedback as active content; plain text stays."""
+    texts = _texts(toy["course"], "inject")
+    assert any(p.endswith(".html") for p, _ in texts)
+    for path, text in texts:
+        if path.endswith(".html"):
+            # the feedback's own page has scripts (MathJax, require), and shows the student's
+            # code escaped; none of the student's markup is live
+            for bad in ("<script>document.title", "<img src=x", "<svg", "<script>alert"):
+                assert bad not in text, (path, bad)
+        else:
+            for bad in ("<script", "onerror", "<svg"):
+                assert bad not in text, (path, bad)
+    nb = nbformat.read(os.path.join(toy["course"], "autograded", "inject", "toy", "toy.ipynb"), as_version=4)
+    types = {k for c in nb.cells for o in c.get("outputs", []) for k in o.get("data", {})}
+    assert types == {"text/plain"}, types
+    plain = T.outputs(toy["course"], "inject", "partA_answer")
+    assert "an image" in plain and "a widget" in plain and "which a browser would run or render" in plain, plain
+
+
+def test_resubmission_with_old_modification_time_is_graded_again(toy):
+    """collect keeps the student's save time: a resubmission saved before the last grading run
+    has an older modification time than autograded/, but a new timestamp.txt and content."""
+    course, env = toy["course"], toy["env"]
+    sub = os.path.join(course, "submitted", "good", "toy")
+    with open(os.path.join(sub, "timestamp.txt"), "w") as fh:
+        fh.write("2026-01-01 10:00:00.000000 UTC")
+    T.submit(course, "good", {"partA_answer": "def add(a, b):\n    return b + a  # resubmitted"})
+    for name in os.listdir(sub):
+        os.utime(os.path.join(sub, name), (946684800, 946684800))      # 2000-01-01
+    out = _grade(course, env, "toy", "--student", "good", "--no-progress", "--", *LIMITS)
+    assert "1 submission(s) to grade (0 graded already" in out.stdout and "graded 1, failed 0" in out.stdout, out.stdout
+    assert "# resubmitted" in nbformat.read(os.path.join(course, "autograded", "good", "toy", "toy.ipynb"),
+                                            as_version=4).cells[2].source
+    again = _grade(course, env, "toy", "--student", "good", "--no-progress", "--", *LIMITS)
+    assert "0 submission(s) to grade (1 graded already" in again.stdout, again.stdout
+    # a new timestamp alone (the same notebooks submitted again) is a new submission too
+    with open(os.path.join(sub, "timestamp.txt"), "w") as fh:
+        fh.write("2026-01-02 10:00:00.000000 UTC")
+    os.utime(os.path.join(sub, "timestamp.txt"), (946684800, 946684800))
+    out = _grade(course, env, "toy", "--student", "good", "--no-progress", "--", *LIMITS)
+    assert "1 submission(s) to grade (0 graded already" in out.stdout, out.stdout
 
 
 def test_interrupted_run_resumes(toy):
