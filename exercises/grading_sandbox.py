@@ -44,6 +44,7 @@ in isolation (e.g. a container per submission) opts out in nbgrader_config.py wi
 `c.SandboxedKernelManager.allow_unsandboxed = True`.
 """
 import asyncio
+import base64
 import copy
 import importlib.util
 import io
@@ -283,15 +284,33 @@ def hidden_fragments(nb, min_chars=16):
             else:
                 visible.append(line)
     seen = "\n".join(_normal(v) for v in visible)
-    out = set()
+    out, encoded = set(), set()
     for line in hidden:
         if not line.strip() or line.strip().startswith("#"):
             continue
+        secret = False
         for segment in _code_segments(line):
             frag = _normal(segment)
             if len(frag) >= min_chars and frag not in seen:
                 out.add(frag)
-    return sorted(out)
+                secret = True
+        if secret:
+            # the line in base64, at each of the three alignments it can have inside a longer
+            # text (the last, partial block left out); and with its indentation stripped
+            for text in {line + "\n", line.strip() + "\n"}:
+                for k in range(3):
+                    b64 = base64.b64encode(text[k:].encode())[:-4].decode()
+                    if len(b64) >= min_chars:
+                        encoded.add(b64)
+    return Fragments(sorted(out), sorted(encoded))
+
+
+class Fragments(list):
+    """hidden_fragments' normalised fragments, and `encoded`: the base64 forms of their lines."""
+
+    def __init__(self, fragments=(), encoded=()):
+        super().__init__(fragments)
+        self.encoded = list(encoded)
 
 
 def _output_text(out):
@@ -302,8 +321,16 @@ def _output_text(out):
 
 
 def _has(text, fragments):
-    text = _normal(text)
-    return any(f in text for f in fragments)
+    """Whether the text repeats a fragment: as it is, reversed, or (whitespace and escaped line
+    breaks aside) in base64."""
+    norm = _normal(text)
+    if any(f in norm or f[::-1] in norm for f in fragments):
+        return True
+    encoded = getattr(fragments, "encoded", ())
+    if encoded:
+        compact = re.sub(r"\s|\\n", "", text)
+        return any(e in compact for e in encoded)
+    return False
 
 
 def scrub_outputs(nb, fragments):
@@ -346,10 +373,10 @@ def scrub_files(folder, fragments, since, max_bytes=50 * 2 ** 20):
                 if not os.path.isfile(path) or os.path.islink(path) or st.st_mtime < since or st.st_size > max_bytes:
                     continue
                 with open(path, "rb") as fh:
-                    text = _normal(fh.read().decode("utf-8", "replace"))
+                    text = fh.read().decode("utf-8", "replace")
             except OSError:
                 continue
-            if any(f in text for f in fragments):
+            if _has(text, fragments):
                 with open(path, "w") as fh:
                     fh.write(HIDDEN_NOTICE + "\n")
                 found.append(path)

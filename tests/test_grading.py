@@ -441,3 +441,57 @@ def test_lost_reply_after_idle_counts_as_finished():
 
 def test_late_reply_within_grace_is_taken():
     assert _poll(0.1, [])["from"] == "kernel"
+
+
+# ---- the seal against encoded copies (no kernel) ------------------------------------------------------
+def _sandbox_module():
+    sys.path.insert(0, T.COURSE)
+    try:
+        import grading_sandbox
+    finally:
+        sys.path.remove(T.COURSE)
+    return grading_sandbox
+
+
+@pytest.mark.parametrize("how", ["plain", "reversed", "base64", "base64_wrapped", "base64_of_line"])
+def test_encoded_copies_of_hidden_tests_are_scrubbed(how):
+    """Student code that found a hidden test may print it reversed or in base64 (of the whole
+    cell, wrapped at 76 characters, or of one line): the output is replaced all the same; a
+    message of the released text is not."""
+    import base64
+
+    from nbformat.v4 import new_output
+
+    S = _sandbox_module()
+    nb = T.source_notebook()
+    cell = [c for c in nb.cells if c.metadata["nbgrader"]["grade_id"] == "partB_works"][0]
+    src = cell.source
+    text = {"plain": repr(src), "reversed": src[::-1], "base64": base64.b64encode(("x" + src).encode()).decode(),
+            "base64_wrapped": base64.encodebytes(("ab" + src).encode()).decode(),
+            "base64_of_line": repr(base64.b64encode(T.HIDDEN["partB_works"].encode()))}[how]
+    answer = [c for c in nb.cells if c.metadata["nbgrader"]["grade_id"] == "partA_answer"][0]
+    answer.outputs = [new_output("stream", name="stdout", text=text),
+                      new_output("stream", name="stdout", text=VISIBLE_MSG)]
+    assert S.scrub_outputs(nb, S.hidden_fragments(nb)) == 1
+    assert answer.outputs[0].text.startswith(S.HIDDEN_NOTICE) and answer.outputs[1].text == VISIBLE_MSG
+
+
+VISIBLE_MSG = "assert mul(2, 3) == 6 passed; base64 is fun: " + __import__("base64").b64encode(b"assert mul(2, 3) == 6").decode()
+
+
+def test_active_types_are_dropped_without_a_kernel():
+    from nbformat.v4 import new_output
+
+    S = _sandbox_module()
+    nb = T.source_notebook()
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    nb.cells[1].outputs = [
+        new_output("display_data", data={"text/html": "<script>x</script>", "text/plain": "<HTML>"}),
+        new_output("execute_result", data={"image/svg+xml": "<svg onload=alert(1)/>", "image/png": "iVBOR"},
+                   execution_count=1),
+        new_output("display_data", data={"application/javascript": "alert(1)"})]
+    assert S.neutralise_outputs(nb) == 4
+    assert [dict(o.data) for o in nb.cells[1].outputs] == [
+        {"text/plain": "<HTML>"}, {"image/png": "iVBOR"},
+        {"text/plain": S.INERT_NOTICE.format(types="application/javascript")}]
+    assert "widgets" not in nb.metadata
