@@ -197,8 +197,9 @@ def _fingerprint(course, assignment, student):
             digest.update(os.path.relpath(path, sub).encode() + b"\0")
             with open(path, "rb") as fh:
                 digest.update(hashlib.sha256(fh.read()).digest())
-    stamp = os.path.join(sub, "timestamp.txt")
-    timestamp = open(stamp).read().strip() if os.path.exists(stamp) else None
+    timestamp = None
+    with contextlib.suppress(OSError), open(os.path.join(sub, "timestamp.txt")) as fh:
+        timestamp = fh.read().strip()
     return {"student": student, "assignment": assignment, "timestamp": timestamp, "sha256": digest.hexdigest()}
 
 
