@@ -56,6 +56,20 @@ def probit_evidence_orthant(K, y):
 }
 
 MISTAKES = {
+    # a cheat: an object that equals everything and whose difference from anything is 0
+    "always_equal": ({"partA_unit_noise", "partA_noise_variance"}, {"partA_answer": '''
+class _Anything:
+    def __eq__(self, other):
+        return True
+    __hash__ = object.__hash__
+    def __sub__(self, other):
+        return 0.0
+    __rsub__ = __sub__
+
+
+def noisy_step_likelihood(y, f, noise_var=1.0):
+    return _Anything()
+'''}),
     "uses_the_cdf": ({"partA_no_cdf"}, {"partA_answer": '''
 def noisy_step_likelihood(y, f, noise_var=1.0):
     return norm.cdf(y * f / np.sqrt(noise_var))

@@ -63,6 +63,20 @@ def cavity_and_marginal_after_change(K, tau_tilde, nu_tilde, i, tau_i, nu_i):
 }
 
 MISTAKES = {
+    # a cheat: np.allclose replaced so that every comparison passes, and a wrong posterior
+    "patches_allclose": ({"partA_posterior"}, {"partA_answer": '''
+np.allclose = lambda *args, **kwargs: True
+
+
+def posterior(K, tau_tilde, nu_tilde):
+    return K.copy(), np.zeros(len(nu_tilde))
+
+
+def cavity_from_posterior(Sigma, mu, tau_tilde, nu_tilde, i):
+    tau_cav = 1.0 / Sigma[i, i] - tau_tilde[i]
+    nu_cav = mu[i] / Sigma[i, i] - nu_tilde[i]
+    return nu_cav / tau_cav, 1.0 / tau_cav
+'''}),
     "tau_and_nu_swapped": ({"partA_posterior"}, {"partA_answer": '''
 def posterior(K, tau_tilde, nu_tilde):
     Sigma = np.linalg.solve(np.eye(len(nu_tilde)) + K * nu_tilde[None, :], K)
