@@ -87,6 +87,21 @@ def _gib(x):
     return f"{x:g} GiB"
 
 
+def _launcher_by_path(cmd, env):
+    """cmd with `-m ipykernel_launcher` replaced by the installed launcher's file, when the kernel's
+    Python is this installation's (the grader's own folder of executables)."""
+    cmd = list(cmd)
+    for i in range(len(cmd) - 1):
+        if cmd[i] == "-m" and cmd[i + 1] == "ipykernel_launcher":
+            exe = shutil.which(cmd[0], path=env.get("PATH")) or cmd[0]
+            spec = importlib.util.find_spec("ipykernel_launcher")
+            same = os.path.dirname(os.path.abspath(exe)) == os.path.dirname(os.path.abspath(sys.executable))
+            if same and spec is not None and spec.origin and os.path.isfile(spec.origin):
+                return cmd[:i] + [spec.origin] + cmd[i + 2:]
+            break
+    return cmd
+
+
 class SandboxedKernelManager(AsyncKernelManager):
     """A kernel manager whose kernels run under bubblewrap (see the module's docstring)."""
 
@@ -137,6 +152,13 @@ class SandboxedKernelManager(AsyncKernelManager):
             self.kernel_spec.interrupt_mode = "message"
         cmd, kw = await super()._async_pre_start_kernel(**kw)
         env = self._environment(dict(kw.get("env") or os.environ))
+        # `python -m ipykernel_launcher` looks in the working folder first, where a student's own
+        # ipykernel_launcher.py (handed in beside the notebook, or written by a cell before the
+        # kernel is restarted) would become the kernel: start the installed launcher by its path,
+        # and with PYTHONSAFEPATH (Python 3.11+) no module is looked up in the working folder at
+        # start-up (IPython adds it back afterwards, as in every Jupyter kernel)
+        cmd = _launcher_by_path(cmd, env)
+        env["PYTHONSAFEPATH"] = "1"
         if bwrap is not None:
             cwd = os.path.abspath(kw.get("cwd") or os.getcwd())
             cmd, env = self._wrap(bwrap, cmd, cwd, env)

@@ -173,12 +173,43 @@ def test_kernel_environment_is_a_whitelist(toy):
     assert SECRET_ENV not in names
     allowed = {"PATH", "PYTHONPATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "TZ", "HOME", "TMPDIR",
                "PWD", "NBGRADER_EXECUTION", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-               "MPLBACKEND", "PYTHONHASHSEED", "JPY_PARENT_PID"}
+               "MPLBACKEND", "PYTHONHASHSEED", "JPY_PARENT_PID", "PYTHONSAFEPATH"}
     # what ipykernel itself sets when it starts (its own terminal and pager settings)
     allowed |= {"TERM", "CLICOLOR", "CLICOLOR_FORCE", "FORCE_COLOR", "PAGER", "GIT_PAGER", "PYDEVD_USE_FRAME_EVAL"}
     extra = {n for n in names if n not in allowed and not n.startswith("NUMBA_")}
     assert not extra, extra
     assert len(os.environ) > len(names)
+
+
+FAKE_LAUNCHER = """\
+# a student's ipykernel_launcher.py beside the notebook: it leaves a mark, then starts the real kernel
+import os, sys, runpy
+open(os.path.join(os.getcwd(), "hijacked.txt"), "w").write("the student's launcher ran")
+sys.path = [p for p in sys.path if p not in ("", os.getcwd())]
+runpy.run_module("ipykernel_launcher", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_launcher_handed_in_beside_the_notebook_is_not_the_kernel(tmp_path):
+    """`python -m ipykernel_launcher` would import a student's own ipykernel_launcher.py from the
+    working folder (autograde copies every file handed in), and that kernel could, for example, wrap
+    each cell in `try: ... except BaseException: pass`: the kernel starts from the installed launcher
+    instead, and the unfinished parts score 0."""
+    course = str(tmp_path / "course")
+    env = T.make_course(course)
+    unfinished = {"partA_answer": "def add(a, b):\n    raise NotImplementedError()",
+                  "partB_answer": "def mul(a, b):\n    raise NotImplementedError()",
+                  "partC_answer": "def neg(a):\n    return -a"}
+    T.submit(course, "mallory", unfinished)
+    with open(os.path.join(course, "submitted", "mallory", T.A, "ipykernel_launcher.py"), "w") as fh:
+        fh.write(FAKE_LAUNCHER)
+    out = _grade(course, env, "toy", "-j", "1", "--", *LIMITS)
+    assert out.returncode == 0, out.stdout + out.stderr
+    work = os.path.join(course, "autograded", "mallory", T.A)
+    assert os.path.exists(os.path.join(work, "ipykernel_launcher.py"))      # handed in and copied
+    assert not os.path.exists(os.path.join(work, "hijacked.txt")), "the student's launcher started the kernel"
+    got = T.grades(course, "mallory")
+    assert got["partA_works"] == 0 and got["partB_works"] == 0 and got["partC_works"] == 1, got
 
 
 def test_resume_grades_only_what_is_left(toy):
