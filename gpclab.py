@@ -2903,6 +2903,70 @@ def difference_covariance(C, y):
     return Kg
 
 
+_MC_REFRESH = 4        # ep_multiclass: Sigma formed afresh from the sites at least every 4th sweep
+
+
+@njit(cache=True)
+def _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps):
+    """ep (likelihood 'step', eps 0, natural order) on the N difference latents, with
+    Sigma formed afresh only where it is needed (see ep_multiclass's Notes). Returns ep's tuple."""
+    N = Kg.shape[0]
+    tau_max = _ep_tau_max(Kg)
+    nu_tilde, tau_tilde, Sigma, mu = _ep_init(Kg, nu_tilde_init, tau_tilde_init)
+    U, c, s_i = np.empty((_EP_BLOCK, N)), np.empty(_EP_BLOCK), np.empty(N)
+    L = np.empty((0, 0))
+    log_Z, n_bad = np.nan, 0
+    log_Z_old, tested = np.inf, -1                            # log Z_EP of sweep `tested`
+    converged, exact = False, True
+    delta, n_skipped, n_sweeps = 0.0, 0, 0
+    for n_sweeps in range(1, max_sweeps + 1):
+        delta, n_skipped = 0.0, 0
+        m = np.int64(0)
+        for i in range(N):                                    # Alg. 3.5 lines 4-11 as in ep
+            _current_column(Sigma, U, c, m, i, s_i)
+            if not (s_i[i] > 0.0 and 1.0 / s_i[i] > tau_tilde[i]):
+                n_skipped += s_i[i] != 0.0 or tau_tilde[i] != 0.0
+                continue
+            tau_cav = 1.0 / s_i[i] - tau_tilde[i]
+            nu_cav = mu[i] / s_i[i] - nu_tilde[i]
+            tau_new, nu_new = _site_update(1.0, tau_cav, nu_cav, 0.0, 0.0, tau_max)
+            d_tau = tau_new - tau_tilde[i]
+            tau_tilde[i] = tau_new
+            d_nu = nu_new - nu_tilde[i]
+            nu_tilde[i] = nu_new
+            delta = max(delta, abs(d_tau) / (1.0 + tau_new), abs(d_nu) / (1.0 + abs(nu_new)))
+            ci = d_tau / (1.0 + d_tau * s_i[i])
+            m = _rank_one_update(Sigma, U, c, m, s_i, ci)
+            mu += (d_nu * (1.0 - ci * s_i[i]) - ci * mu[i]) * s_i
+        if m > 0:
+            _apply_pending(Sigma, U, c, m)                    # Sigma's lower triangle up to date
+        near = delta < math.sqrt(tol)                         # line 16's test of the site changes
+        exact = False                                         # Sigma, mu formed afresh from these sites
+        if near or n_skipped > 0 or n_sweeps % _MC_REFRESH == 0 or n_sweeps == max_sweeps:
+            sS = np.sqrt(tau_tilde)
+            if near and n_skipped == 0 and tested == n_sweeps - 1:
+                # only line 13 (L, for log det B); Sigma's diagonal and mu as updated
+                L = _cholesky(_form_B(Kg, sS))
+            else:                                             # lines 13-15: Sigma and mu afresh
+                Sigma, mu, L = _ep_posterior(Kg, tau_tilde, nu_tilde)
+                exact = True
+            log_Z, n_bad = _ep_log_Z(np.ones(N), tau_tilde, nu_tilde, Sigma, mu, L, 0.0, 0.0)  # line 17
+            if near and tested == n_sweeps - 1 and abs(log_Z - log_Z_old) < tol:   # line 16
+                converged = True
+                break
+            log_Z_old, tested = log_Z, n_sweeps
+    if not exact:
+        # lines 14-15 from the final sites (and their L when line 13 ran for them): Sigma, mu
+        # and log Z_EP as ep returns them
+        if tested == n_sweeps:
+            Sigma = minus_gram(Kg, solve_lower_matrix(L, _scale_rows(np.sqrt(tau_tilde), Kg)))
+            mu = Sigma @ nu_tilde
+        else:
+            Sigma, mu, L = _ep_posterior(Kg, tau_tilde, nu_tilde)
+        log_Z, n_bad = _ep_log_Z(np.ones(N), tau_tilde, nu_tilde, Sigma, mu, L, 0.0, 0.0)
+    return nu_tilde, tau_tilde, log_Z, Sigma, mu, L, n_sweeps, converged, delta, max(n_skipped, n_bad)
+
+
 @public(returns=EPResult, together=(("nu_tilde_init", "tau_tilde_init"),),
         C="(n, n) psd", y="(J, n) onehot nonempty", nu_tilde_init="(n*(J-1),) ?0",
         tau_tilde_init="(n*(J-1),) nonneg ?0", tol="nonneg", max_sweeps="count")
@@ -2927,8 +2991,18 @@ def ep_multiclass(C, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_s
     Notes
     -----
     Each t_(i,j)(g) = H(g_i^{y_i,j}) is a step site of label +1 (K&G 49), so
-    this is Algorithm 3.5 (ep, likelihood 'step', eps = 0) on Kg = (K&G 43):
-    O((n (J - 1))^3) per sweep. For J = 2, g_i = y_i (f_i^1 - f_i^2) with
+    this is Algorithm 3.5 (ep, likelihood 'step', eps = 0, natural order) on
+    Kg = (K&G 43): O((n (J - 1))^3) per sweep, the rank-one updates of line 10
+    (N^3 for N = n (J - 1) sites, in blocks as in ep). Departure from ep, for
+    speed: lines 13-15 (Sigma and mu formed afresh from the sites, about 2 N^3,
+    twice the updates) run only where they are needed, not after every sweep: at
+    least every 4th sweep (_MC_REFRESH, against the rounding of the updates), after
+    a sweep with a skipped site, and when the site changes pass line 16's test
+    (then, for a second such sweep in a row, only line 13's L, for log Z_EP's
+    log det B, with Sigma's diagonal and mu as updated). The convergence test is
+    ep's (the largest relative site change < sqrt(tol) and |change of log Z_EP|
+    < tol between consecutive sweeps), and Sigma, mu, L and log_Z returned are
+    formed from the final sites, as ep returns them. For J = 2, g_i = y_i (f_i^1 - f_i^2) with
     covariance 2 y_i y_k c(x_i, x_k): the binary model (scaled by sqrt 2). A
     case with c(x_i, x_i) = 0 has f_i^c = 0 for every class: its J classes tie
     and its factor is 1/J (the limit of every class's latent shrinking to 0
@@ -2937,10 +3011,10 @@ def ep_multiclass(C, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_s
     """
     J = y.shape[0]
     Kg = difference_covariance(C, y)
-    ones = np.ones(Kg.shape[0])
-    # arguments typed as at a call from Python (not numba literals), so that this call
-    # shares ep's compilation for likelihood 'step' instead of compiling it again
-    out = ep(Kg, ones, nu_tilde_init, tau_tilde_init, tol, max_sweeps, "natural"[:], np.int64(0), "step"[:], 0.0)
+    N = Kg.shape[0]
+    if nu_tilde_init is None:                                 # (the face passes zeros; py_func may get None)
+        nu_tilde_init, tau_tilde_init = np.zeros(N), np.zeros(N)
+    out = _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps)
     n_tied = (np.diag(C) == 0.0).sum()                        # cases with no prior variance: J-way ties
     log_Z = out[2] + n_tied * ((J - 1) * math.log(2.0) - math.log(J))
     return out[0], out[1], log_Z, out[3], out[4], out[5], out[6], out[7], out[8], out[9]
@@ -3106,9 +3180,10 @@ def _genz_bretz_order(mean, cov):
     return m, L
 
 
-@public(mean="(k,) nonempty", cov="(k, k) psd", n_points="count", n_shifts="count", seed="seed")
+@public(mean="(k,) nonempty", cov="(k, k) psd", n_points="count", n_shifts="count", seed="seed",
+        abseps="nonneg")
 @njit(cache=True)
-def orthant_probability(mean, cov, n_points=4000, n_shifts=8, seed=0):
+def orthant_probability(mean, cov, n_points=4000, n_shifts=8, seed=0, abseps=0.0):
     """P(z > 0 in every coordinate) for z ~ N(mean, cov) of dimension k (K&G eq. 50).
 
     k = 1: Phi(mean / sd). k = 2 with |correlation| <= 0.925 (J = 3 classes):
@@ -3124,8 +3199,11 @@ def orthant_probability(mean, cov, n_points=4000, n_shifts=8, seed=0):
     the earlier ones at their truncated means), which makes the integrand flatter
     (on fgl's 5-dimensional class probabilities, 128 points per shift now err less
     than 1000 did in the given order), and y_i by Acklam's Phi^-1 (relative error
-    1.2e-9) without _ndtri's refinement. Returns (P, its standard error over the
-    shifts).
+    1.2e-9) without _ndtri's refinement. abseps > 0: as Genz's MVNDST, the
+    points per shift are doubled from 32 until the standard error over the shifts
+    is at most abseps or n_points is reached (each pass with new points, the same
+    shifts; at most twice the work of the final pass). abseps = 0: n_points per
+    shift at once. Returns (P, its standard error over the shifts).
     """
     k = mean.shape[0]
     if k == 1:
@@ -3140,6 +3218,21 @@ def orthant_probability(mean, cov, n_points=4000, n_shifts=8, seed=0):
         raise ValueError("orthant_probability is for dimensions up to 32")
     # P(z > 0) = P(x < mean) with x = mean - z ~ N(0, cov), x = L w, w ~ N(0, I)
     mean, L = _genz_bretz_order(mean, cov)
+    n = n_points if abseps <= 0.0 else min(n_points, _ORTHANT_FIRST)
+    while True:
+        P, se = _orthant_qmc(mean, L, n, n_shifts, seed)
+        if n >= n_points or se <= abseps:
+            return P, se
+        n = min(2 * n, n_points)
+
+
+_ORTHANT_FIRST = 32    # orthant_probability with abseps > 0: points per shift of the first pass
+
+
+@njit(cache=True)
+def _orthant_qmc(mean, L, n_points, n_shifts, seed):
+    """orthant_probability's lattice estimate for mean and L from _genz_bretz_order: (P, se)."""
+    k = mean.shape[0]
     np.random.seed(seed)
     yc = np.empty(k)
     est = np.empty(n_shifts)
@@ -3170,14 +3263,16 @@ def orthant_probability(mean, cov, n_points=4000, n_shifts=8, seed=0):
     return est.mean(), est.std() / math.sqrt(max(n_shifts - 1, 1))
 
 
+
 @njit(cache=True)
-def _ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L, n_points, seed):
-    """ep_predict_multiclass, also returning the standard errors of p (J, m) over the shifts."""
+def _ep_predict_fold(nu_tilde, tau_tilde, C, y, L):
+    """What ep_predict_multiclass needs of the training data, for any test inputs: bc (n, J),
+    with f_bar_* = bc^T K_star, and T (J, J, n, n), with V_*cd = c(x_*, x_*) delta_cd - k_*^T T[c, d] k_*
+    (lines 2-3 and the fold of lines 5-6 below; one inverse of B, O((n (J-1))^3))."""
     yc, case, cls = difference_index(y)
     J = y.shape[0]
     n = C.shape[0]
     N = case.shape[0]
-    m = K_star.shape[1]
     Kg = difference_covariance(C, y)
     sS = np.sqrt(tau_tilde)
     if L is None or L.shape[0] == 0:                          # no L given (the face passes it empty)
@@ -3190,10 +3285,9 @@ def _ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L, n_
     for a in range(N):
         bc[case[a], yc[case[a]]] += b[a]
         bc[case[a], cls[a]] -= b[a]
-    f_bar_star = bc.T @ K_star                                # line 4: f_bar_* := A^T (nu~ - z)  (3.60)
     # lines 5-6 for all test cases at once: A^T (Kg + S~^-1)^-1 A with R = (Kg + S~^-1)^-1
     # = S~^1/2 B^-1 S~^1/2 (K&R 52), folded to T[c, d, i, k] = sum s_ac R_ab s_bd over the
-    # latents a of case i and b of case k: V_*cd = c(x_*, x_*) delta_cd - k_*^T T[c, d] k_*
+    # latents a of case i and b of case k
     R = _mirror_scaled(_potri_lower(L), sS)
     T = np.zeros((J, J, n, n))
     for a in range(N):
@@ -3205,6 +3299,32 @@ def _ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L, n_
             T[yi, l, i, k] -= r
             T[j, yk, i, k] -= r
             T[j, l, i, k] += r
+    return bc, T
+
+
+@njit(cache=True)
+def _class_orthant(f_bar, V, c, n_points, seed, abseps):
+    """p(y_* = c) of K&G 50-51: the orthant probability of the J - 1 differences
+    g_*^{c,l} = f_*^c - f_*^l > 0, l != c, for f_* ~ N(f_bar, V). Returns (P, se)."""
+    J = f_bar.shape[0]
+    D = np.zeros((J - 1, J))
+    r = 0
+    for l in range(J):
+        if l != c:
+            D[r, c] = 1.0                                     # g_*^{c,l} = f_*^c - f_*^l
+            D[r, l] = -1.0
+            r += 1
+    return orthant_probability(D @ f_bar, D @ V @ D.T, n_points, 8, seed, abseps)
+
+
+@njit(cache=True)
+def _ep_predict_folded(bc, T, K_star, k_star_star, n_points, seed, abseps):
+    """ep_predict_multiclass from _ep_predict_fold's bc and T: (p, f_bar_star, V_star, label, se),
+    se (J, m) the standard errors of the estimates over the shifts; for the class of the largest
+    mean, 1 - the others, the sum of theirs."""
+    J = bc.shape[1]
+    m = K_star.shape[1]
+    f_bar_star = bc.T @ K_star                                # line 4: f_bar_* := A^T (nu~ - z)  (3.60)
     V_star = np.empty((m, J, J))
     for c in range(J):
         check_interrupt()
@@ -3219,23 +3339,25 @@ def _ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L, n_
     p = np.empty((J, m))
     se = np.empty((J, m))
     label = np.empty(m, np.int64)
-    D = np.zeros((J - 1, J))
     for t in range(m):
         check_interrupt()
         fb = f_bar_star[:, t].copy()
-        total = 0.0
+        big = np.argmax(fb)                                   # the class of the largest mean: by difference
+        rest = 0.0
+        rest_se = 0.0
         for c in range(J):                                    # line 7: p(y_* = c) (K&G 50-51)
-            r = 0
-            for l in range(J):
-                if l != c:
-                    D[r, :] = 0.0
-                    D[r, c] = 1.0                             # g_*^{c,l} = f_*^c - f_*^l
-                    D[r, l] = -1.0
-                    r += 1
-            p[c, t], se[c, t] = orthant_probability(D @ fb, D @ V_star[t] @ D.T, n_points, 8, seed)
-            total += p[c, t]
-        for c in range(J):                                    # the J events partition the space
-            p[c, t] /= total
+            if c != big:
+                p[c, t], se[c, t] = _class_orthant(fb, V_star[t], c, n_points, seed, abseps)
+                rest += p[c, t]
+                rest_se += se[c, t]
+        # the J events partition the space: p of the largest mean's class is 1 - the others
+        if rest <= 1.0:
+            p[big, t], se[big, t] = 1.0 - rest, rest_se
+        else:                                                 # (the others' errors above 1): estimate, divide by the sum
+            p[big, t], se[big, t] = _class_orthant(fb, V_star[t], big, n_points, seed, abseps)
+            total = rest + p[big, t]
+            for c in range(J):
+                p[c, t] /= total
         # (K&G 52) for m = the first class: g_*^{1,l} = f_bar_*^1 - f_bar_*^l; then (K&G 54)
         best = 0
         all_positive = True
@@ -3251,12 +3373,19 @@ def _ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L, n_
     return p, f_bar_star, V_star, label, se
 
 
+@njit(cache=True)
+def _ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L, n_points, seed, abseps):
+    """ep_predict_multiclass, also returning the standard errors of p (J, m) over the shifts."""
+    bc, T = _ep_predict_fold(nu_tilde, tau_tilde, C, y, L)
+    return _ep_predict_folded(bc, T, K_star, k_star_star, n_points, seed, abseps)
+
+
 @public(nu_tilde="(N,) nonempty", tau_tilde="(N,) nonneg", C="(n, n) psd",
         y="(J, n) onehot", K_star="(n, m)", k_star_star="(m,) nonneg", L="(N, N) chol ?e", n_points="count",
-        seed="seed")
+        seed="seed", abseps="nonneg")
 @njit(cache=True)
 def ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L=None, n_points=128,
-                          seed=0):
+                          seed=0, abseps=1e-5):
     """Predictions of multi-class EP on difference latents (K&G eqs. 50-54; lines as Alg. 3.6).
 
     Parameters
@@ -3273,8 +3402,11 @@ def ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L=None
         c(x_*, x_*).
     L : ndarray, optional
         cholesky(I + S~^1/2 Kg S~^1/2) from ep_multiclass.
-    n_points, seed :
-        Lattice points per shift (8 seeded shifts) and seed of the class probabilities.
+    n_points, seed, abseps :
+        The most lattice points per shift (8 seeded shifts), the seed, and the
+        standard error at which each class's orthant probability stops
+        (orthant_probability: points per shift doubled from 32 until its standard
+        error is at most abseps or n_points is reached; abseps = 0: n_points at once).
 
     Returns
     -------
@@ -3297,16 +3429,19 @@ def ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L=None
     alpha of K&G 27 and 52), their mean is A^T b and covariance
     c(x_*, x_*) I - A^T (Kg + S~^-1)^-1 A (3.60-3.61 for J outputs); the sums over
     the latents fold onto cases, so lines 5-6 take one inverse of B and J (J + 1) / 2
-    products of (n, n) and (n, m) matrices for all test cases, not a solve per case.
-    Departure from K&G 50: each class's orthant probability is estimated on its
-    own (orthant_probability, 8 seeded shifts of n_points lattice points, the
-    variables in Genz & Bretz's order), and since the J orthant events partition
+    products of (n, n) and (n, m) matrices for all test cases, not a solve per case
+    (_ep_predict_fold computes the folded matrices once; GPClassifier keeps them for
+    its later predictions). Departure from K&G 50: each class's orthant probability
+    is estimated on its own (orthant_probability, 8 seeded shifts of lattice points,
+    the variables in Genz & Bretz's order, as many points as its standard error
+    asks for, up to n_points: on fgl most rows need 8 or 16 per shift, and the
+    hardest still 128), and since the J orthant events partition
     the space the J estimates are then divided by their sum, so that each column
     of p sums to 1 (the change is of the size of the estimates' own error; one
     shared set of points for all classes partitions exactly but measured 20-40x
     less accurate). Eq. 54 picks the class with the largest f_bar_star.
     """
-    out = _ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L, n_points, seed)
+    out = _ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L, n_points, seed, abseps)
     return out[0], out[1], out[2], out[3]
 
 
@@ -5114,8 +5249,14 @@ class GPClassifier:
             if self.method != "laplace":
                 K_star = kernel_matrix.unchecked(self.kernel_, self.X_train_, X, hyp, disc)
                 kss = kernel_diag.unchecked(self.kernel_, X, hyp)
-                p, f_bar, V, _ = ep_predict_multiclass.unchecked(
-                    self.nu_tilde_, self.tau_tilde_, self.K_, self.y_train_, K_star, kss, self.result_.L)
+                # ep_predict_multiclass (defaults n_points 128, seed 0, abseps 1e-5), with the
+                # folded training matrices formed at the first prediction of this fit and kept
+                fold = getattr(self, "_ep_fold", None)
+                if fold is None or fold[0] is not self.result_:
+                    fold = (self.result_,) + _ep_predict_fold(self.nu_tilde_, self.tau_tilde_, self.K_,
+                                                              self.y_train_, self.result_.L)
+                    self._ep_fold = fold
+                p, f_bar, V, _, _ = _ep_predict_folded(fold[1], fold[2], K_star, kss, 128, 0, 1e-5)
                 return p, f_bar, V
             ks = [kernel_matrix.unchecked(self.kernel_, self.X_train_, X, hyp[0], disc)]
             for h in hyp[1:]:   # classes that share the first class's hyperparameters share its matrix

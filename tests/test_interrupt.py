@@ -65,7 +65,7 @@ CALLS = {
     "ep_predict_multiclass": (  # four classes: three differences, integrated by QMC points
         lambda: gpclab.ep_predict_multiclass(em4.nu_tilde, em4.tau_tilde, K, Y4, Ks[0], kss[0], n_points=100),
         lambda: gpclab.ep_predict_multiclass(em4.nu_tilde, em4.tau_tilde, K, Y4, Ks[0], kss[0],
-                                             n_points=10 ** 9)),
+                                             n_points=10 ** 9, abseps=0.0)),
     "ep_multiclass": (lambda: gpclab.ep_multiclass(K, Y, max_sweeps=2),
                       lambda: gpclab.ep_multiclass(K, Y, tol=0.0, max_sweeps=10 ** 8)),
     "em_ep": (lambda: gpclab.em_ep(X, labels, kernel="kg_iso", max_iter=1),

@@ -374,7 +374,7 @@ def test_ep_multiclass_predictions_sum_to_one_and_agree_with_scipy(J):
     Xs = np.random.default_rng(7).standard_normal((6, 2)) * 1.3
     Ks, kss = gpclab.kernel_matrix("kg", X, Xs, h), gpclab.kernel_diag("kg", Xs, h)
     p, f_bar, V, label = gpclab.ep_predict_multiclass(res.nu_tilde, res.tau_tilde, C, Y, Ks, kss)
-    p2, _, _, _, se = gpclab._ep_predict_multiclass(res.nu_tilde, res.tau_tilde, C, Y, Ks, kss, res.L, 128, 0)
+    p2, _, _, _, se = gpclab._ep_predict_multiclass(res.nu_tilde, res.tau_tilde, C, Y, Ks, kss, res.L, 128, 0, 1e-5)
     np.testing.assert_allclose(p, p2, rtol=1e-8)              # L given or formed again
     np.testing.assert_allclose(p.sum(axis=0), 1.0, rtol=0, atol=1e-12)
     for t in range(Xs.shape[0]):
@@ -405,3 +405,146 @@ def test_ep_multiclass_gradient_is_eq31_and_the_slope_of_log_Z():
         fd = (gpclab.multiclass_ep_evidence(X, Y, hp, "kg", None, False, None, 1e-13)[0]
               - gpclab.multiclass_ep_evidence(X, Y, hm, "kg", None, False, None, 1e-13)[0]) / (2 * e)
         assert g[j] == pytest.approx(fd, rel=1e-4, abs=1e-6)
+
+
+# --- multi-class EP, the fast paths: sweeps without a refactorisation after each, folded predictions,
+# orthant probabilities to a standard error -----------------------------------------------------------
+
+
+def _tiny_ep_problem(seed, J, n):
+    r = np.random.default_rng(seed)
+    X = r.standard_normal((n, 2))
+    idx = np.argmax(X @ r.standard_normal((2, J)) + 0.7 * r.standard_normal((n, J)), axis=1)
+    idx[:J] = np.arange(J)                                   # every class present
+    Y = gpclab.one_hot(idx, J)
+    h = gpclab.default_log_hyp("kg", X)
+    return X, Y, h, gpclab.kernel_matrix("kg", X, X, h)
+
+
+@pytest.mark.parametrize("J, n, seed", [(3, 12, 0), (4, 10, 1), (6, 8, 2)])
+@pytest.mark.parametrize("sweeps", [1, 3, 5])
+def test_ep_multiclass_sweeps_equal_naive_dense_ep(J, n, seed, sweeps):
+    """ep_multiclass (Sigma formed afresh only every 4th sweep and at the end) after 1, 3 and 5
+    sweeps against EP with the posterior inverted explicitly before every site (naive.ep_step,
+    K&G's step sites on the dense Kg): sites, Sigma, mu to 1e-9; L = cholesky(B) and log Z_EP
+    (3.65 term by term, naive.ep_step_log_Z) to 1e-9."""
+    X, Y, h, C = _tiny_ep_problem(seed, J, n)
+    Kg = gpclab.difference_covariance(C, Y)
+    res = gpclab.ep_multiclass(C, Y, None, None, 0.0, sweeps)     # tol 0: exactly `sweeps` sweeps
+    assert res.n_sweeps == sweeps and not res.converged
+    nu, tau, Sigma, mu = naive.ep_step(Kg, sweeps)
+    assert 0 < tau.min() and tau.max() < gpclab._ep_tau_max(Kg)   # no site at ep's bounds [0, tau_max]
+    np.testing.assert_allclose(res.tau_tilde, tau, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(res.nu_tilde, nu, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(res.Sigma, Sigma, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(res.mu, mu, rtol=1e-9, atol=1e-12)
+    sS = np.sqrt(tau)
+    np.testing.assert_allclose(res.L, np.linalg.cholesky(np.eye(len(tau)) + sS[:, None] * Kg * sS),
+                               rtol=1e-9, atol=1e-12)
+    assert res.log_Z == pytest.approx(naive.ep_step_log_Z(Kg, nu, tau), rel=1e-9, abs=1e-10)
+
+
+@pytest.mark.parametrize("J, n, seed", [(4, 25, 3), (6, 30, 4)])
+def test_ep_multiclass_converges_to_the_dense_ep_fixed_point(J, n, seed):
+    """Converged (tol 1e-11, where the last test of log Z_EP uses Sigma's updated diagonal and only a
+    new L): the sites are a fixed point of the dense EP (one more naive-free sweep of binary ep on Kg,
+    which refactorises after every sweep, moves no site by more than 1e-5 relative), they agree
+    with binary ep's own converged sites to 1e-4 relative, and Sigma, mu and log Z_EP are those of
+    the returned sites (explicit inverses, naive.ep_step_log_Z) to 1e-9."""
+    X, Y, h, C = _tiny_ep_problem(seed, J, n)
+    Kg = gpclab.difference_covariance(C, Y)
+    ones = np.ones(Kg.shape[0])
+    res = gpclab.ep_multiclass(C, Y, None, None, 1e-11, 500)
+    assert res.converged
+    more = gpclab.ep(Kg, ones, res.nu_tilde, res.tau_tilde, 0.0, 1, "natural", 0, "step", 0.0)
+    assert more.delta < 1e-5
+    dense = gpclab.ep(Kg, ones, None, None, 1e-11, 2000, "natural", 0, "step", 0.0)
+    np.testing.assert_allclose(res.tau_tilde, dense.tau_tilde, rtol=1e-4, atol=1e-8)
+    np.testing.assert_allclose(res.nu_tilde, dense.nu_tilde, rtol=1e-4, atol=1e-8)
+    Sigma = np.linalg.inv(np.linalg.inv(Kg) + np.diag(res.tau_tilde))
+    np.testing.assert_allclose(res.Sigma, Sigma, rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(res.mu, Sigma @ res.nu_tilde, rtol=1e-9, atol=1e-11)
+    ref = naive.ep_step_log_Z(Kg, res.nu_tilde, res.tau_tilde)
+    assert res.log_Z == pytest.approx(ref, rel=1e-9, abs=1e-10)
+    assert res.log_Z == pytest.approx(dense.log_Z, rel=1e-8)
+
+
+def test_ep_multiclass_warm_start_needs_fewer_sweeps_and_lands_on_the_same_sites():
+    X, Y, h, C = _tiny_ep_problem(5, 5, 30)
+    cold = gpclab.ep_multiclass(C, Y, None, None, 1e-10, 500)
+    h2 = h + 0.05
+    C2 = gpclab.kernel_matrix("kg", X, X, h2)
+    fresh = gpclab.ep_multiclass(C2, Y, None, None, 1e-10, 500)
+    warm = gpclab.ep_multiclass(C2, Y, cold.nu_tilde, cold.tau_tilde, 1e-10, 500)
+    assert warm.converged and warm.n_sweeps < fresh.n_sweeps
+    np.testing.assert_allclose(warm.tau_tilde, fresh.tau_tilde, rtol=1e-4, atol=1e-8)
+    assert warm.log_Z == pytest.approx(fresh.log_Z, rel=1e-8)
+
+
+@pytest.mark.parametrize("J", [4, 6])
+def test_ep_predict_multiclass_within_its_standard_error_of_a_long_run(J):
+    """Defaults (points per shift doubled from 32 until the standard error is at most abseps = 1e-5,
+    the class of the largest mean as 1 - the others) against 20,000 points per shift with no early
+    stop and every class estimated: each p within 4e-6 + 4 of its stated standard errors; every
+    row sums to 1 to 1e-12; a smaller abseps is closer to the long run; f_bar and V are those of
+    the folded path; GPClassifier's cached fold gives the same numbers."""
+    X, Y, h, C, res = _ep_problem(10 + J, J, 40)
+    Xs = np.random.default_rng(8).standard_normal((12, 2)) * 1.3
+    Ks, kss = gpclab.kernel_matrix("kg", X, Xs, h), gpclab.kernel_diag("kg", Xs, h)
+    p, f_bar, V, label, se = gpclab._ep_predict_multiclass(res.nu_tilde, res.tau_tilde, C, Y, Ks, kss,
+                                                           res.L, 128, 0, 1e-5)
+    long_run, _, _, _, se_long = gpclab._ep_predict_multiclass(res.nu_tilde, res.tau_tilde, C, Y, Ks, kss,
+                                                               res.L, 20_000, 1, 0.0)
+    assert se_long.max() < 2e-6
+    assert np.all(np.abs(p - long_run) < 4e-6 + 4 * se), np.abs(p - long_run).max()
+    np.testing.assert_allclose(p.sum(axis=0), 1.0, rtol=0, atol=1e-12)
+    fine = gpclab._ep_predict_multiclass(res.nu_tilde, res.tau_tilde, C, Y, Ks, kss, res.L, 4096, 0, 1e-7)[0]
+    assert np.abs(fine - long_run).max() < np.abs(p - long_run).max() + 1e-7
+    for t in range(Xs.shape[0]):
+        mean, cov = _dense_predictive(C, Y, res, Ks, kss, t)
+        np.testing.assert_allclose(f_bar[:, t], mean, rtol=1e-7, atol=1e-9)
+        np.testing.assert_allclose(V[t], cov, rtol=1e-7, atol=1e-9)
+    public = gpclab.ep_predict_multiclass(res.nu_tilde, res.tau_tilde, C, Y, Ks, kss)   # L formed again
+    np.testing.assert_allclose(public[0], p, rtol=1e-8, atol=1e-12)
+
+
+def test_orthant_probability_stops_at_its_standard_error():
+    """abseps > 0: fewer points where the standard error allows, the stated se at most abseps
+    (or n_points reached), and the estimate within 4 se of a 20,000-point run."""
+    r = np.random.default_rng(11)
+    for k in (3, 5):
+        A = r.standard_normal((k, k))
+        S = A @ A.T + 0.5 * np.eye(k)
+        m = r.standard_normal(k) + 1.0
+        ref, se_ref = gpclab.orthant_probability(m, S, 20_000)
+        for abseps in (1e-3, 1e-4, 1e-5):
+            P, se = gpclab.orthant_probability(m, S, 4096, 8, 0, abseps)
+            assert se <= abseps
+            assert abs(P - ref) < 4 * se + 4 * se_ref
+        P, se = gpclab.orthant_probability(m, S, 16, 8, 0, 1e-12)   # the cap: n_points per shift
+        assert (P, se) == gpclab.orthant_probability(m, S, 16, 8, 0, 0.0)
+
+
+def test_classifier_multiclass_ep_keeps_the_fold_of_its_fit():
+    """GPClassifier(method='ep') predicts as ep_predict_multiclass with its defaults; the folded
+    training matrices are formed once per fit (a second prediction reuses them; a refit on other
+    data forms them again)."""
+    r = np.random.default_rng(12)
+    X = r.standard_normal((24, 2))
+    labels = np.array(["a", "b", "c", "d"])[np.argmax(X @ r.standard_normal((2, 4)), axis=1)]
+    labels[:4] = ["a", "b", "c", "d"]
+    m = gpclab.GPClassifier(method="ep", optimize=False).fit(X, labels)
+    Xs = r.standard_normal((7, 2))
+    P = m.predict_proba(Xs)
+    fold = m._ep_fold
+    Ks = gpclab.kernel_matrix(m.kernel_, m.X_train_, Xs, m.log_hyp_)
+    kss = gpclab.kernel_diag(m.kernel_, Xs, m.log_hyp_)
+    p = gpclab.ep_predict_multiclass(m.nu_tilde_, m.tau_tilde_, m.K_, m.y_train_, Ks, kss, m.result_.L)[0]
+    np.testing.assert_allclose(P, p.T, rtol=1e-8, atol=1e-12)      # to rounding
+    np.testing.assert_allclose(P.sum(axis=1), 1.0, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(m.predict_proba(Xs), P)
+    assert m._ep_fold is fold
+    m.fit(X[::-1], labels[::-1])
+    P2 = m.predict_proba(Xs)
+    assert m._ep_fold is not fold and m._ep_fold[0] is m.result_
+    np.testing.assert_allclose(P2, P, atol=1e-6)              # the same data in another order

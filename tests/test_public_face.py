@@ -111,9 +111,9 @@ def _valid():
         "em_ep_grad_multiclass": dict(C=K, y=Y, X=X, kernel="se", log_hyp=h, mu=em.mu, Sigma=em.Sigma,
                                       discrete=None),
         "orthant_probability": dict(mean=np.array([0.1, 0.2, -0.1]), cov=K[:3, :3], n_points=100,
-                                    n_shifts=2, seed=1),
+                                    n_shifts=2, seed=1, abseps=1e-4),
         "ep_predict_multiclass": dict(nu_tilde=em.nu_tilde, tau_tilde=em.tau_tilde, C=K, y=Y,
-                                      K_star=Ks, k_star_star=kss, L=em.L, n_points=100, seed=1),
+                                      K_star=Ks, k_star_star=kss, L=em.L, n_points=100, seed=1, abseps=1e-4),
         # the Python layer
         "ml2": dict(X=X, y=y, log_hyp0=h, kernel="se", likelihood="logistic", bounds=[(-3, 3), (-3, 3)],
                     max_iter=3, method="laplace", hyp_prior=None, discrete=None, eps=0.0),
