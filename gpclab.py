@@ -3271,8 +3271,9 @@ def _orthant_qmc(mean, L, n_points, n_shifts, seed):
 @njit(cache=True)
 def _ep_predict_fold(nu_tilde, tau_tilde, C, y, L):
     """What ep_predict_multiclass needs of the training data, for any test inputs: bc (n, J),
-    with f_bar_* = bc^T K_star, and T (J, J, n, n), with V_*cd = c(x_*, x_*) delta_cd - k_*^T T[c, d] k_*
-    (lines 2-3 and the fold of lines 5-6 below; one inverse of B, O((n (J-1))^3))."""
+    with f_bar_* = bc^T K_star, and T (J (J + 1) / 2, n, n), with V_*cd = c(x_*, x_*) delta_cd
+    - k_*^T T[c (c + 1) / 2 + d] k_* for c >= d (lines 2-3 and the fold of lines 5-6 below; one
+    inverse of B, O((n (J-1))^3))."""
     yc, case, cls = difference_index(y)
     J = y.shape[0]
     n = C.shape[0]
@@ -3292,18 +3293,28 @@ def _ep_predict_fold(nu_tilde, tau_tilde, C, y, L):
     # lines 5-6 for all test cases at once: A^T (Kg + S~^-1)^-1 A with R = (Kg + S~^-1)^-1
     # = S~^1/2 B^-1 S~^1/2 (K&R 52), folded to T[c, d, i, k] = sum s_ac R_ab s_bd over the
     # latents a of case i and b of case k
+    # latents a of case i and b of case k; T[d, c] = T[c, d]^T, so only c >= d is formed, at
+    # T[c (c + 1) / 2 + d] (_fold_add)
     R = _mirror_scaled(_potri_lower(L), sS)
-    T = np.zeros((J, J, n, n))
+    T = np.zeros((J * (J + 1) // 2, n, n))
     for a in range(N):
         i, yi, j = case[a], yc[case[a]], cls[a]
         for e in range(N):
             k, yk, l = case[e], yc[case[e]], cls[e]
             r = R[a, e]
-            T[yi, yk, i, k] += r
-            T[yi, l, i, k] -= r
-            T[j, yk, i, k] -= r
-            T[j, l, i, k] += r
+            _fold_add(T, yi, yk, i, k, r)
+            _fold_add(T, yi, l, i, k, -r)
+            _fold_add(T, j, yk, i, k, -r)
+            _fold_add(T, j, l, i, k, r)
     return bc, T
+
+
+@njit(cache=True, inline="always")
+def _fold_add(T, c, d, i, k, r):
+    """T[c, d][i, k] += r in _ep_predict_fold's packed storage of the blocks c >= d (the blocks
+    c < d, transposes of those, are not formed)."""
+    if c >= d:
+        T[c * (c + 1) // 2 + d, i, k] += r
 
 
 @njit(cache=True)
@@ -3333,7 +3344,7 @@ def _ep_predict_folded(bc, T, K_star, k_star_star, n_points, seed, abseps):
     for c in range(J):
         check_interrupt()
         for d in range(c + 1):
-            q = (K_star * (T[c, d] @ K_star)).sum(axis=0)
+            q = (K_star * (T[c * (c + 1) // 2 + d] @ K_star)).sum(axis=0)
             for t in range(m):
                 V_star[t, c, d] = -q[t]
                 V_star[t, d, c] = -q[t]
@@ -3435,8 +3446,8 @@ def ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L=None
     c(x_*, x_*) I - A^T (Kg + S~^-1)^-1 A (3.60-3.61 for J outputs); the sums over
     the latents fold onto cases, so lines 5-6 take one inverse of B and J (J + 1) / 2
     products of (n, n) and (n, m) matrices for all test cases, not a solve per case
-    (_ep_predict_fold computes the folded matrices once; GPClassifier keeps them for
-    its later predictions). Departures from K&G 50, for speed: the orthant
+    (_ep_predict_fold computes the folded matrices once; GPClassifier forms them at
+    fit, ep_fold_, for all its predictions). Departures from K&G 50, for speed: the orthant
     probability of each class but one is estimated on its own (orthant_probability,
     8 seeded shifts of lattice points, the variables in Genz & Bretz's order, the
     points per shift doubled from 32 until the standard error is at most abseps, up
@@ -4902,6 +4913,9 @@ class GPClassifier:
     result_ : the LaplaceMode, MultiLaplaceMode or EPResult at log_hyp_.
     G_ : multiclass_G(result_.E, result_.M), kept for the predictions
         (multi-class Laplace).
+    ep_fold_ : _ep_predict_fold's (bc, T), the training side of the predictions
+        folded onto cases and classes, J (J + 1) / 2 matrices of (n, n), kept for
+        the predictions (multi-class EP and EM-EP).
     """
 
     def __init__(self, kernel=None, likelihood=None, method="laplace", log_hyp=None,
@@ -5189,6 +5203,8 @@ class GPClassifier:
         self.converged_ = converged
         if multiclass and method == "laplace":
             self.G_ = multiclass_G.unchecked(res.E, res.M)  # M\E_c, reused by every prediction
+        if multiclass and method != "laplace":   # multi-class EP: the fold of its predictions, reused by every one
+            self.ep_fold_ = _ep_predict_fold(res.nu_tilde, res.tau_tilde, K, y_t, res.L)
         if method == "laplace":
             self.f_hat_ = res.f_hat
             self.log_marginal_likelihood_ = float(res.log_q)
@@ -5260,13 +5276,12 @@ class GPClassifier:
                 K_star = kernel_matrix.unchecked(self.kernel_, self.X_train_, X, hyp, disc)
                 kss = kernel_diag.unchecked(self.kernel_, X, hyp)
                 # ep_predict_multiclass (defaults n_points 128, seed 0, abseps 1e-5), with the
-                # folded training matrices formed at the first prediction of this fit and kept
-                fold = getattr(self, "_ep_fold", None)
-                if fold is None or fold[0] is not self.result_:
-                    fold = (self.result_,) + _ep_predict_fold(self.nu_tilde_, self.tau_tilde_, self.K_,
-                                                              self.y_train_, self.result_.L)
-                    self._ep_fold = fold
-                p, f_bar, V, _, _ = _ep_predict_folded(fold[1], fold[2], K_star, kss, 128, 0, 1e-5)
+                # folded training matrices of the fit (formed here for a model pickled without them)
+                fold = getattr(self, "ep_fold_", None)
+                if fold is None:
+                    fold = _ep_predict_fold(self.nu_tilde_, self.tau_tilde_, self.K_, self.y_train_,
+                                            self.result_.L)
+                p, f_bar, V, _, _ = _ep_predict_folded(fold[0], fold[1], K_star, kss, 128, 0, 1e-5)
                 return p, f_bar, V
             ks = [kernel_matrix.unchecked(self.kernel_, self.X_train_, X, hyp[0], disc)]
             for h in hyp[1:]:   # classes that share the first class's hyperparameters share its matrix
