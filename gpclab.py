@@ -5281,7 +5281,8 @@ class GPClassifier:
                 if fold is None:
                     fold = _ep_predict_fold(self.nu_tilde_, self.tau_tilde_, self.K_, self.y_train_,
                                             self.result_.L)
-                p, f_bar, V, _, _ = _ep_predict_folded(fold[0], fold[1], K_star, kss, 128, 0, 1e-5)
+                with _blas_threads_for([self.X_train_, X]):   # (n, n) products: one BLAS thread below n ~ 1500
+                    p, f_bar, V, _, _ = _ep_predict_folded(fold[0], fold[1], K_star, kss, 128, 0, 1e-5)
                 return p, f_bar, V
             ks = [kernel_matrix.unchecked(self.kernel_, self.X_train_, X, hyp[0], disc)]
             for h in hyp[1:]:   # classes that share the first class's hyperparameters share its matrix
