@@ -9,9 +9,9 @@ processes share the cores; gpclab's fits run one BLAS thread at this size):
     GPClassifier(method="laplace").fit (multi-class Laplace, defaults), the reference, and their ratio;
   * for the EP fit: the number of evidence evaluations and EP sweeps, the sweeps per
     evaluation, and the time in ep_multiclass (sweeps) and in the gradient;
-  * predict_proba on the 214 training inputs: the first call of a fit (which also forms the
-    folded training matrices, _ep_predict_fold) and the median of 3 later calls, for EP and
-    for Laplace; the largest departure of a row sum from 1; the largest difference from a
+  * predict_proba on the 214 training inputs: the first call after the fit and the median of
+    3 later calls, for EP and for Laplace (EP's fit forms the folded training matrices of its
+    predictions, ep_fold_; a model from before them formed them in every call); the largest departure of a row sum from 1; the largest difference from a
     long run (20,000 lattice points per shift, every class estimated, no early stop) and the
     largest standard error stated.
 The first call of each is a numba compile and is run (and not timed) first.
@@ -110,12 +110,12 @@ def main():
           f"{stats.get('gradient', 0.0):.2f} s |")
     print(f"| ML-II iterations | {ep.n_iter_} |")
     print(f"| largest abs(row sum - 1) | {dev:.2e} |")
-    fold = getattr(ep, "_ep_fold", None)
+    fold = getattr(ep, "ep_fold_", None)
     if fold is not None:          # the long run: every class estimated, 20,000 points per shift
         Ks = gpclab.kernel_matrix(ep.kernel_, ep.X_train_, X, ep.log_hyp_)
         kss = gpclab.kernel_diag(ep.kernel_, X, ep.log_hyp_)
-        p, _, _, _, se = gpclab._ep_predict_folded(fold[1], fold[2], Ks, kss, 128, 0, 1e-5)
-        ref, _, _, _, se_ref = gpclab._ep_predict_folded(fold[1], fold[2], Ks, kss, 20_000, 1, 0.0)
+        p, _, _, _, se = gpclab._ep_predict_folded(fold[0], fold[1], Ks, kss, 128, 0, 1e-5)
+        ref, _, _, _, se_ref = gpclab._ep_predict_folded(fold[0], fold[1], Ks, kss, 20_000, 1, 0.0)
         print(f"| largest abs(P - long run) / largest standard error stated | "
               f"{np.abs(p - ref).max():.1e} / {se.max():.1e} (long run's own: {se_ref.max():.1e}) |")
     before = os.environ.get("MCEP_BEFORE")
