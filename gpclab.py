@@ -3001,12 +3001,16 @@ def ep_multiclass(C, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_s
     twice the updates) run only every 10th sweep (_MC_REFRESH, against the
     rounding of the updates: on fgl, 12 sweeps with none left the sites within
     1e-9, relative, of ep's) and after a sweep with a skipped site, not after
-    every sweep; log Z_EP (line 17) is computed only once the largest site change
-    is below 30 sqrt(tol) (_MC_TRACK), from line 13's L alone (N^3 / 3, for
-    log det B) with Sigma's diagonal and mu as updated. The convergence test is
-    ep's (the largest relative site change < sqrt(tol) and |change of log Z_EP|
-    < tol between consecutive sweeps), and Sigma, mu, L and log_Z returned are
-    formed from the final sites, as ep returns them. For J = 2, g_i = y_i (f_i^1 - f_i^2) with
+    every sweep; log Z_EP (line 17) is computed at those sweeps and at every sweep
+    whose largest site change is below 30 sqrt(tol) (_MC_TRACK), there from line
+    13's L alone (N^3 / 3, for log det B) with Sigma's diagonal and mu as updated.
+    The convergence test is ep's (the largest relative site change < sqrt(tol)
+    and |change of log Z_EP| < tol between consecutive sweeps), and Sigma, mu, L
+    and log_Z returned are formed from the final sites, as ep returns them. On
+    fgl (N = 1,070, GPClassifier's ML-II) the fit took 0.056 s of CPU per sweep
+    instead of 0.12 s, with the same sweeps (benchmarks/bench_multiclass_ep.py).
+
+    For J = 2, g_i = y_i (f_i^1 - f_i^2) with
     covariance 2 y_i y_k c(x_i, x_k): the binary model (scaled by sqrt 2). A
     case with c(x_i, x_i) = 0 has f_i^c = 0 for every class: its J classes tie
     and its factor is 1/J (the limit of every class's latent shrinking to 0
