@@ -213,7 +213,7 @@ def rows_of(fit, rs, timeout):
                 counts[w] = counts.get(w, 0) + 1
         warns = [f"{w} (x {k})" if len(ok) > 1 else w for w, k in sorted(counts.items())]
         return [(f"EM-EP {per}", _time(rs, "emep fit", timeout)),
-                ("EM-EP not converged", f"{unconv} of {len(ok)}" + (" fit" if len(ok) == 1 else " folds")),
+                ("EM-EP not converged", f"{unconv} of {len(ok)}" + (" fit" if fit == "emep-pima" else " folds")),
                 ("EM-EP rounds (median)", str(sorted(r["emep iterations"] for r in ok)[len(ok) // 2]) if ok else "-"),
                 ("EM-EP warnings", "; ".join(warns) if warns else "none"),
                 (f"Laplace {per}", _time(rs, "laplace fit", timeout)),
@@ -261,7 +261,8 @@ def main(argv=None):
     ap.add_argument("--fits", default=",".join(ALL))
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--max-folds", type=int, default=None, help="run only the first folds (a shorter run)")
-    ap.add_argument("--data-dir", default=os.environ.get("GPCLAB_DATA", os.path.join(ROOT, "..", "shared", "datasets")))
+    ap.add_argument("--data-dir",
+                    default=os.environ.get("GPCLAB_DATA", os.path.join(ROOT, "..", "shared", "datasets")))
     ap.add_argument("--out", default=None, help="also write the table to this markdown file")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
