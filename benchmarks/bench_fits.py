@@ -301,7 +301,8 @@ def main(argv=None):
             vals = [c[k][1] if k < len(c) else "-" for c in cols]
             lines.append(f"| {TITLE[fit] if k == 0 else ''} | {quantity} | " + " | ".join(vals) + " |")
     text = "\n".join(lines) + (f"\n\n{os.cpu_count()} cores; each fit in its own process after an untimed "
-                               f"warm-up; timeout {args.timeout:.0f} s per fit; total {time.perf_counter() - t0:.0f} s.")
+                               f"warm-up; timeout {args.timeout:.0f} s per fit; "
+                               f"total {time.perf_counter() - t0:.0f} s.")
     print("\n" + text)
     if args.out:
         with open(args.out, "w") as fh:
