@@ -224,7 +224,7 @@ class Floor:
 
     def _time(self, name, N):
         K, B = self._matrices(N)
-        rep = 3 if N <= 1500 else 1
+        rep = 3 if N <= 2000 else 2           # the best of a few: a loaded machine's outliers are slow
         L = np.asfortranarray(sla.cholesky(B, lower=True, check_finite=False))
         if name == "chol":
             return _best(lambda: sla.cho_factor(B, lower=True, check_finite=False), rep)
@@ -566,7 +566,8 @@ def main(argv=None):
              "the counted box functions; floor: their LAPACK/BLAS arithmetic (see the docstring); ratio = time / "
              "floor. thr: BLAS threads in the fit (gpclab uses one while every dimension is below 1500: two "
              "threads pay off only above that, and below it they spin on a shared machine's cores); the floor is "
-             f"timed with the same number. Total {time.perf_counter() - t0:.0f} s.")
+             f"timed with the same number. Total {time.perf_counter() - t0:.0f} s; load average at the end "
+             f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores.")
     print("\n" + text)
     if args.out:
         with open(args.out, "w") as fh:
