@@ -98,10 +98,11 @@ def synthetic(n, classes=2, seed=0):
     F = np.sin(X @ W.T / np.sqrt(D) * 2.0) + 0.5 * (X[:, :1] ** 2 - 1) * (np.arange(classes) % 2) \
         + 0.4 * r.standard_normal((n, classes))
     y = (F[:, 0] > F[:, 1]).astype(int) if classes == 2 else F.argmax(axis=1)
-    return X, y
+    return standardise(X), y
 
 
 def standardise(X):
+    """Each input to mean 0 and s.d. 1 (EM-EP's start then needs no shift for the unit of X)."""
     sd = X.std(axis=0)
     sd[sd == 0] = 1.0
     return (X - X.mean(axis=0)) / sd
@@ -357,11 +358,11 @@ def _first_clause(message):
 
 
 def run_fit(fit, X, y, args):
-    """Run one fit; returns dict(time, counter, evidence, evaluations, note)."""
+    """Run one fit; returns dict(time, counter, evidence, evaluations, warnings)."""
     classes = np.unique(y)
     idx = np.searchsorted(classes, y)
     y_pm = np.where(idx == 1, 1.0, -1.0)
-    out = {"evidence": None, "evaluations": None, "note": ""}
+    out = {"evidence": None, "evaluations": None}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with Counter() as counter:
@@ -450,8 +451,8 @@ def table(rows):
         ratio = f"{r['time'] / r['floor']:.2f}" if r["floor"] else "n/a"
         inside = r["counter"].inside if r["fit"] != "ais" else None
         ev = ""
-        if r["evaluations"] is not None:
-            ev = f"{r['evaluations']} / {r['ref'][0] if r.get('ref') else '-'}"
+        if r["evaluations"] is not None:        # 0: the fit's evaluations went by no counted function
+            ev = f"{r['evaluations'] or 'n/a'} / {r['ref'][0] if r.get('ref') else '-'}"
         evid = fmt_ev(r["evidence"])
         if r.get("ref"):
             evid += f" / {fmt_ev(r['ref'][1])}"
