@@ -647,6 +647,19 @@ def _raw_html(tokens):
         yield from _raw_html(token.get("children") or ())
 
 
+# tags that only format, written without attributes (an attribute can hold an event handler), are kept:
+# `<details><summary>` for a hint, `<sub>`, `<br>` ...
+PLAIN_TAGS = ("b", "i", "em", "strong", "u", "s", "sub", "sup", "br", "hr", "p", "kbd", "code", "pre", "blockquote",
+              "details", "summary", "ul", "ol", "li", "dl", "dt", "dd", "table", "thead", "tbody", "tr", "th", "td",
+              "h1", "h2", "h3", "h4", "h5", "h6", "center", "small", "mark")
+_PLAIN_TAG = re.compile(r"</?(?:%s)\s*/?>" % "|".join(PLAIN_TAGS), re.IGNORECASE)
+
+
+def _plain_html(piece):
+    """Raw HTML made only of PLAIN_TAGS without attributes (and text): it cannot run anything."""
+    return "<" not in _PLAIN_TAG.sub("", piece)
+
+
 def _urls(tokens):
     for token in tokens:
         url = (token.get("attrs") or {}).get("url")
@@ -664,7 +677,8 @@ def _unsafe_url(url):
 
 def inert_markdown(source, attachments=None):
     """`source` (a Markdown cell's text) with every piece of raw HTML in it turned into text (its
-    `<` written `&lt;`, so it shows as typed and never runs) and every link or image whose URL a
+    `<` written `&lt;`, so it shows as typed and never runs), unless it is made only of formatting
+    tags without attributes (PLAIN_TAGS), and every link or image whose URL a
     browser would run (`javascript:` ...) pointed at nothing, parsed as nbconvert parses Markdown
     for HTML (math and code are not HTML); an image of a missing attachment, which would stop
     nbconvert's HTML export, links to nothing too. Text that stays live after that (written to
@@ -680,7 +694,7 @@ def inert_markdown(source, attachments=None):
             source = source.replace(url, "#missing-attachment")
     for _ in range(4):
         tokens = parse(source)
-        raw = sorted(set(_raw_html(tokens)), key=len, reverse=True)
+        raw = sorted({h for h in _raw_html(tokens) if not _plain_html(h)}, key=len, reverse=True)
         urls = sorted({u for u in _urls(tokens) if _unsafe_url(u)}, key=len, reverse=True)
         if not raw and not urls:
             return source

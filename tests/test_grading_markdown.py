@@ -27,6 +27,8 @@ HOSTILE = [
     "<scr<script>ipt>pwn()</script>",
     "<style>body{background:url(javascript:pwn())}</style>",
     "<details open ontoggle=pwn()><summary>x</summary></details>",
+    "<details><summary>x</summary>\n<img src=x onerror=pwn()>\n</details>",
+    "<b>a</b><b onclick=pwn()>b</b>",
     "[click](javascript:pwn())",
     "<javascript:pwn()>",
     "<!-- --><script>pwn()</script>",
@@ -43,6 +45,8 @@ BENIGN = [
     "A link <https://gaussianprocess.org/gpml/> and [the book](https://gaussianprocess.org)",
     "$$\\sigma(z) < 1 \\quad\\text{for all } z$$",
     "x < y and y > z, 3 <4",
+    "<details><summary>A hint</summary>\n\nLook at (3.26).\n\n</details>",
+    "H<sub>2</sub>O<br>and <b>bold</b> <kbd>Ctrl</kbd>-<kbd>C</kbd>",
 ]
 ACTIVE_TAGS = {"script", "iframe", "object", "embed", "svg", "form", "base", "frame", "frameset", "style", "math"}
 
