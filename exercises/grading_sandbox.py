@@ -39,6 +39,12 @@ Each sandbox is also bounded (SandboxedExecute, SandboxedKernelManager):
   a notice. Student code's `display(HTML('<script>...'))`, `Javascript(...)` or an `<img
   onerror=...>` thus reaches nobody's browser as active content.
 
+- inert cells (`InertCells`, before execution): a student's Markdown cells keep no raw HTML (it
+  shows as typed text) and no link or image to a `javascript:` (or other script) URL, raw cells
+  are not passed to the page as HTML, and a grade id that is not a plain name is removed, since
+  nbconvert and nbgrader's templates put all of these into the formgrader's and the feedback's
+  pages as they are.
+
 Without `bwrap` on the PATH autograde refuses to run a kernel. An instructor who grades elsewhere
 in isolation (e.g. a container per submission) opts out in nbgrader_config.py with
 `c.SandboxedKernelManager.allow_unsandboxed = True`.
@@ -61,7 +67,7 @@ from jupyter_client.manager import AsyncKernelManager
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.notebooknode import NotebookNode
 from nbgrader import utils
-from nbgrader.preprocessors import Execute
+from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Bool, Float, Integer, List, Unicode
 
 
@@ -627,3 +633,98 @@ class SandboxedExecute(Execute):
         finally:
             if not reply.done():
                 reply.cancel()
+
+
+# ---------------------------------------------------------------------------------------------
+# Inert Markdown: a student's Markdown and raw cells are shown as HTML to the instructor (formgrader,
+# logged in) and to the student (feedback). nbconvert renders Markdown with its raw HTML passed
+# through, so a cell holding `<script>` or `<img onerror=...>` would run in those browsers.
+
+def _raw_html(tokens):
+    for token in tokens:
+        if token.get("type") in ("inline_html", "block_html"):
+            yield token["raw"]
+        yield from _raw_html(token.get("children") or ())
+
+
+# tags that only format, written without attributes (an attribute can hold an event handler), are kept:
+# `<details><summary>` for a hint, `<sub>`, `<br>` ...
+PLAIN_TAGS = ("b", "i", "em", "strong", "u", "s", "sub", "sup", "br", "hr", "p", "kbd", "code", "pre", "blockquote",
+              "details", "summary", "ul", "ol", "li", "dl", "dt", "dd", "table", "thead", "tbody", "tr", "th", "td",
+              "h1", "h2", "h3", "h4", "h5", "h6", "center", "small", "mark")
+_PLAIN_TAG = re.compile(r"</?(?:%s)\s*/?>" % "|".join(PLAIN_TAGS), re.IGNORECASE)
+
+
+def _plain_html(piece):
+    """Raw HTML made only of PLAIN_TAGS without attributes (and text): it cannot run anything."""
+    return "<" not in _PLAIN_TAG.sub("", piece)
+
+
+def _urls(tokens):
+    for token in tokens:
+        url = (token.get("attrs") or {}).get("url")
+        if token.get("type") in ("link", "image") and url is not None:
+            yield url
+        yield from _urls(token.get("children") or ())
+
+
+def _unsafe_url(url):
+    """A URL a browser would run (javascript:, vbscript:, data: other than raster images, ...):
+    nbconvert renders Markdown links with whatever protocol they name."""
+    from mistune.renderers.html import HTMLRenderer
+    return not url.startswith("attachment:") and HTMLRenderer().sanitize_url(url) != url
+
+
+def inert_markdown(source, attachments=None):
+    """`source` (a Markdown cell's text) with every piece of raw HTML in it turned into text (its
+    `<` written `&lt;`, so it shows as typed and never runs), unless it is made only of formatting
+    tags without attributes (PLAIN_TAGS), and every link or image whose URL a
+    browser would run (`javascript:` ...) pointed at nothing, parsed as nbconvert parses Markdown
+    for HTML (math and code are not HTML); an image of a missing attachment, which would stop
+    nbconvert's HTML export, links to nothing too. Text that stays live after that (written to
+    hide from the parser) is shown whole as a code block. Unchanged when the cell has none of it."""
+    from nbconvert.filters.markdown_mistune import MarkdownWithMath
+
+    def parse(text):
+        return MarkdownWithMath(renderer=None)(text)
+
+    tokens = parse(source)
+    for url in {u for u in _urls(tokens) if u.startswith("attachment:")}:
+        if url[len("attachment:"):] not in (attachments or {}):
+            source = source.replace(url, "#missing-attachment")
+    for _ in range(4):
+        tokens = parse(source)
+        raw = sorted({h for h in _raw_html(tokens) if not _plain_html(h)}, key=len, reverse=True)
+        urls = sorted({u for u in _urls(tokens) if _unsafe_url(u)}, key=len, reverse=True)
+        if not raw and not urls:
+            return source
+        for piece in raw:
+            source = source.replace(piece, piece.replace("<", "&lt;"))
+        for url in urls:
+            source = source.replace(url, "#unsafe-link")
+    fence = "~" * (max(map(len, re.findall("~+", source)), default=0) + 3)
+    return f"{fence}\n{source}\n{fence}"
+
+
+class InertCells(NbGraderPreprocessor):
+    """Autograde: the Markdown cells of a graded notebook carry no raw HTML (`inert_markdown`), its
+    raw cells are not passed to the HTML page as HTML (their format is removed), and a cell's
+    nbgrader grade id (written into the formgrader's and the feedback's pages as it is) is made
+    of letters, digits, `_`, `-` and `.` or the cell loses its nbgrader metadata, so what a student
+    wrote shows as text in the formgrader and the feedback and runs nowhere."""
+
+    def preprocess_cell(self, cell, resources, index):
+        meta = cell.metadata.get("nbgrader")
+        if meta is not None and not (isinstance(meta, dict)
+                                     and re.fullmatch(r"[A-Za-z0-9_.\-]+", str(meta.get("grade_id", "")))):
+            self.log.warning("cell %d: nbgrader metadata with a grade id that is not a plain name; removed", index)
+            del cell.metadata["nbgrader"]
+        if cell.cell_type == "markdown":
+            source = inert_markdown(cell.source, cell.get("attachments"))
+            if source != cell.source:
+                self.log.warning("a Markdown cell held raw HTML: it is kept as text (cell %d)", index)
+                cell.source = source
+        elif cell.cell_type == "raw":
+            for key in ("format", "raw_mimetype"):
+                cell.metadata.pop(key, None)
+        return cell, resources

@@ -16,7 +16,7 @@ from nbgrader.preprocessors import (CheckCellMetadata, ClearHiddenTests, ClearOu
 from traitlets import List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from grading_sandbox import SandboxedExecute  # noqa: E402  (next to this file)
+from grading_sandbox import InertCells, SandboxedExecute  # noqa: E402  (next to this file)
 
 c = get_config()  # noqa: F821  (provided by nbgrader)
 
@@ -76,7 +76,7 @@ class FeedbackWithoutHiddenTests(ClearHiddenTests):
 
 
 c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, OverwriteKernelspec,
-                                      RestoreHiddenTestsQuietly, CheckCellMetadata]
+                                      RestoreHiddenTestsQuietly, CheckCellMetadata, InertCells]
 c.GenerateFeedback.preprocessors = [GetGrades, FeedbackWithoutHiddenTests, CSSHTMLHeaderPreprocessor]
 
 # Student code runs in a sandbox (grading_sandbox.py): each submission's kernel under bubblewrap
