@@ -209,9 +209,8 @@ def test_em_ep_converges_on_a_synthetic_problem_to_the_ML_II_point():
     y = np.where(np.sin(X[:, 0]) + 0.1 * r.standard_normal(60) > 0, 1.0, -1.0)
     y[r.uniform(size=60) < 0.15] *= -1                       # some label noise: the scale is identified
     # eps = 0 with latent noise t2: the probit model (K&G section 3.2)
-    # the classic M-step (L-BFGS-B on F with q held fixed): EM's properties; tol 1e-8 relative is
-    # 3.5e-7 nats at this log Z_EP (-34.6)
-    out = gpclab.em_ep(X, y, np.array([0.0, -2.0, 0.0, 0.0, 0.0]), max_iter=300, tol=1e-8, accelerate=False)
+    # the classic M-step (L-BFGS-B on F with q held fixed): EM's properties
+    out = gpclab.em_ep(X, y, np.array([0.0, -2.0, 0.0, 0.0, 0.0]), max_iter=300, tol=1e-6, accelerate=False)
     assert out.converged
     assert abs(out.log_Z[-1] - out.log_Z[-2]) < 1e-6
     assert np.all(np.diff(out.log_Z) > -1e-6), "log Z_EP rises from one EM round to the next here"
@@ -240,12 +239,15 @@ def test_accelerated_em_ep_converges_without_warning_to_the_fixed_point():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         out = gpclab.em_ep(X, y, h0)
-    assert out.converged and out.n_iter <= 30                    # measured: 25 (10 classic)
-    # after the classic rounds the scale of K (log t0), along which log Z_EP is flat, is held
-    classic10 = gpclab.em_ep(X, y, h0, max_iter=10, accelerate=False)
-    assert out.log_hyp[0] == classic10.log_hyp[0] != h0[0]
-    np.testing.assert_array_equal(out.log_Z[:11], classic10.log_Z)
-    assert np.all(np.diff(out.log_Z[10:]) > 0)                   # every accelerated round raises log Z_EP
+    assert out.converged and out.n_iter <= 30                    # measured: 18
+    assert out.log_hyp[0] == h0[0]                               # the scale of K, flat for the step, held
+    assert np.all(np.diff(out.log_Z) > 0)                        # every round raises log Z_EP
+    # classic_rounds: the classic rounds first, the scale of K held from where they leave it
+    classic3 = gpclab.em_ep(X, y, h0, max_iter=3, accelerate=False)
+    mixed = gpclab.em_ep(X, y, h0, classic_rounds=3)
+    np.testing.assert_array_equal(mixed.log_Z[:4], classic3.log_Z)
+    assert mixed.converged and mixed.log_hyp[0] == classic3.log_hyp[0] != h0[0]
+    assert mixed.log_Z[-1] == pytest.approx(out.log_Z[-1], abs=1e-3)
     assert out.F.size == out.F_cov.size == 2 * out.n_iter + 1 and out.log_Z.size == out.n_iter + 1
 
     def log_Z(h):
@@ -264,7 +266,7 @@ def test_accelerated_em_ep_converges_without_warning_to_the_fixed_point():
     g0 = np.abs([(log_Z(h0 + e) - log_Z(h0 - e)) / 2e-5 for e in 1e-5 * np.eye(5)])
     assert np.max(g0[free]) > 0.5                               # 50 times steeper at the start
     assert np.max(np.abs(fd[free])) < 1e-2
-    classic = gpclab.em_ep(X, y, h0, max_iter=300, tol=1e-8, accelerate=False)
+    classic = gpclab.em_ep(X, y, h0, max_iter=300, tol=1e-6, accelerate=False)
     assert classic.converged and out.log_Z[-1] > classic.log_Z[-1] - 1e-4
     _, v_ml, _ = gpclab.ml2(X, y, h0, "kg", "step", method="ep", ftol=1e-10)
     assert out.log_Z[-1] > v_ml - 1e-3
