@@ -4451,11 +4451,12 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
 
 
 def _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_prior, discrete, eps,
-             ftol):
+             ftol, monitor=None):
     """ml2 on checked arguments. Returns (log_hyp, value, OptimizeResult, notes): notes maps
     'approximation', 'failed', 'bound', 'plateau' to the warnings ml2 gives; the caller decides which to give
     (GPClassifier's restarts drop the plateau of a start), and no global warnings state is
-    touched, so that fits in several threads do not disturb each other."""
+    touched, so that fits in several threads do not disturb each other. monitor(x, value), if
+    given, is called after each evaluation (GPClassifier.fit's progress, _FitMonitor)."""
     from scipy.optimize import minimize
 
     multi = np.ndim(y) == 2 and method == "laplace"   # per-class hyperparameters (C, p) possible
@@ -4490,6 +4491,8 @@ def _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_p
         state["warm"] = warm
         state["converged"][np.asarray(x, dtype=float).tobytes()] = bool(res.converged)
         if not np.isfinite(v):
+            if monitor is not None:
+                monitor(x, -np.inf)
             return np.inf, np.zeros_like(x)
         g = pack_grad(g)
         # EP converged to 1e-5 (sites to 0.3%) while the gradient is steep, to 1e-9 near the optimum
@@ -4498,6 +4501,8 @@ def _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_p
             m, sd = hyp_prior
             v = v - 0.5 * np.sum(((x - m) / sd) ** 2) - x.size * np.log(sd * np.sqrt(2 * np.pi))
             g = g - (x - m) / sd ** 2
+        if monitor is not None:
+            monitor(x, v)
         return -v, -g
 
     x0 = np.ravel(log_hyp0)
@@ -4623,6 +4628,168 @@ def _check_hyp_prior(hyp_prior, where):
         raise ValueError(f"{where}: hyp_prior must be (mean, sd), two finite numbers with sd > 0 (the "
                          f"Gaussian prior on each log-hyperparameter, e.g. (-3, 3)), got {_brief(hyp_prior)}")
     return float(hyp_prior[0]), float(hyp_prior[1])
+
+
+# --- large n: a fit's cost stated before it starts, its progress, and Ctrl-C ---
+#
+# A fit at n = 2,000-10,000 runs for minutes to hours, its time set by Cholesky factorisations
+# (n^3/3 flops each) and passes over n x n matrices. GPClassifier.fit states up front what it
+# expects, from a model of this machine's speed measured once per process (_machine_speed): the
+# time of one Cholesky factorisation and of one O(n^2) pass at _SPEED_N, scaled by n^3 and n^2,
+# times the work of one evaluation of the evidence (_EVAL_WORK) and the evaluations a typical
+# ML-II takes (_TYPICAL_EVALS). Measured by benchmarks/bench_large_n.py; the estimate is good to
+# about a factor of two (the number of evaluations varies, and a machine whose other core is
+# busy slows OpenBLAS's two threads).
+
+_SPEED_N = 1000            # the size of the factorisation and the pass timed once per process
+_ESTIMATE_FROM_N = 1500    # fits of fewer points (on every latent) are not estimated: seconds at most
+_SLOW_FIT_SECONDS = 30.0   # a fit expected to take longer states its estimate and shows progress
+_LONG_FIT_SECONDS = 600.0  # ... and an ML-II expected to take longer warns, naming max_ml2_n
+_PROGRESS_EVERY = 5.0      # seconds between progress lines
+_machine_speed_cache = []
+# the work of one evaluation of the evidence with its gradient during ML-II (warm-started), in
+# Cholesky factorisations of the n x n matrix and passes over an n x n matrix, and of the final
+# approximation at all n (started cold, no gradient); measured at n = 1,000-3,000
+_EVAL_WORK = {"laplace": (6.0, 40.0), "ep": (45.0, 40.0)}
+_FINAL_WORK = {"laplace": (10.0, 40.0), "ep": (45.0, 40.0)}
+_TYPICAL_EVALS = 15        # L-BFGS-B's evaluations on the data sets measured (12-14), rounded up
+_EMEP_ROUNDS = 20          # EM-EP's rounds, each an EP run and a few M-step gradients, about 2 evaluations
+# n x n float64 arrays alive at the peak of one evaluation with its gradient (and without):
+# Laplace K, L (B factorised in place), B^-1 (then R), dK; EP K, Sigma and, while Sigma is
+# formed anew (_ep_posterior), L, S~^1/2 K, V and the new Sigma
+_PEAK_ARRAYS = {"laplace": (4, 3), "ep": (6, 6)}
+
+
+def _machine_speed():
+    """(seconds of one Cholesky factorisation, seconds of one pass over the matrix) at
+    _SPEED_N, the best of three, with the BLAS threads of the caller; measured once per process."""
+    if not _machine_speed_cache:
+        import time
+
+        r = np.random.default_rng(0)
+        X = r.standard_normal((_SPEED_N, 2))
+        K = kernel_matrix.unchecked("se", X, X, np.zeros(2), np.zeros(2))
+        sW = np.full(_SPEED_N, 0.5)
+        t_chol = t_pass = np.inf
+        for _ in range(3):
+            t = time.perf_counter()
+            B = _form_B(K, sW)                               # one O(n^2) pass, as the boxes' loops
+            t_pass = min(t_pass, time.perf_counter() - t)
+            t = time.perf_counter()
+            _cholesky(B)
+            t_chol = min(t_chol, time.perf_counter() - t)
+        _machine_speed_cache.append((t_chol, t_pass))
+    return _machine_speed_cache[0]
+
+
+def _memory_available():
+    """Bytes of memory available to a new allocation (Linux MemAvailable), else the machine's."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return _memory_bytes()
+
+
+def _gib(b):
+    return f"{b / 2 ** 30:.1f} GiB"
+
+
+def _duration(s):
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _fit_estimate(n, m, n_latent, method, optimize, runs):
+    """What a fit will take: ML-II (or EM-EP) on m of the n points, then the approximation at all n.
+
+    n_latent: latent functions per point in one n x n block (multi-class Laplace factorises C
+    blocks of n; multi-class EP one matrix of n (C - 1)); runs: ML-II runs (1 + n_restarts).
+    Returns a dict: seconds (total), seconds_ml2, evaluations, peak_bytes, final_bytes, or None
+    below _ESTIMATE_FROM_N.
+    """
+    kind = "laplace" if method == "laplace" else "ep"      # EM-EP's E-step is EP
+    blocks, size = n_latent
+    if size * n < _ESTIMATE_FROM_N:
+        return None
+    t_chol, t_pass = _machine_speed()
+
+    def seconds(work, k):
+        chol, passes = work
+        N = size * k
+        return blocks * (chol * t_chol * (N / _SPEED_N) ** 3 + passes * t_pass * (N / _SPEED_N) ** 2)
+
+    evals = (2 * _EMEP_ROUNDS if method == "emep" else _TYPICAL_EVALS) * runs if optimize else 0
+    ml2 = evals * seconds(_EVAL_WORK[kind], m)
+    final = seconds(_FINAL_WORK[kind], n)
+    grad_arrays, plain_arrays = _PEAK_ARRAYS[kind]
+    peak = 8.0 * blocks * max(grad_arrays * (size * m) ** 2 if optimize else 0, plain_arrays * (size * n) ** 2)
+    return {"seconds": ml2 + final, "seconds_ml2": ml2, "evaluations": evals, "peak_bytes": peak,
+            "final_bytes": 8.0 * blocks * plain_arrays * (size * n) ** 2, "n": n, "m": m}
+
+
+class _FitMonitor:
+    """ML-II's progress during GPClassifier.fit: evaluations done, the evidence, time per
+    evaluation, the time left; and the best log_hyp so far, which an interrupt reports."""
+
+    def __init__(self, show, expected, stream=None):
+        import time
+
+        self.clock = time.perf_counter
+        self.show, self.expected = show, expected
+        self.stream = stream
+        self.start = self.last = self.clock()
+        self.count = 0
+        self.best_x, self.best_v = None, -np.inf
+
+    def say(self, text):
+        import sys
+
+        print("GPClassifier.fit: " + text, file=self.stream or sys.stderr, flush=True)
+
+    def __call__(self, x, value):
+        self.count += 1
+        if value > self.best_v:
+            self.best_x, self.best_v = np.array(x, dtype=float), float(value)
+        now = self.clock()
+        if self.show and (now - self.last >= _PROGRESS_EVERY or self.count == 1):
+            self.last = now
+            per = (now - self.start) / self.count
+            if self.expected and self.count < self.expected:
+                left = f", about {_duration(per * (self.expected - self.count))} left"
+            else:
+                left = ", beyond the typical count (L-BFGS-B stops at convergence or max_iter)"
+            self.say(f"ML-II evaluation {self.count} of about {self.expected}: log evidence {value:.4f} "
+                     f"(best {self.best_v:.4f}), {per:.2f} s per evaluation{left}")
+
+    def interrupted(self, where, shape, log_hyp=None):
+        """The KeyboardInterrupt that ends an interrupted fit: where it stopped, that the
+        estimator is left unfitted, and the best log_hyp so far (its attribute best_log_hyp)."""
+        best = log_hyp if log_hyp is not None else self.best_x
+        if best is not None and np.size(best) == int(np.prod(shape)):
+            best = np.reshape(best, shape)
+        text = (f"GPClassifier.fit interrupted {where} after {self.count} ML-II evaluations "
+                f"({_duration(self.clock() - self.start)}); the estimator is left unfitted")
+        if best is not None:
+            told = np.round(best, 6).tolist()
+            text += (f". The best log_hyp so far{'' if log_hyp is not None else f' (log evidence {self.best_v:.4f})'}"
+                     f": {told}. GPClassifier(log_hyp={told}, optimize=False) fits with it, or pass it as "
+                     "log_hyp to start ML-II from it")
+        e = KeyboardInterrupt(text)
+        e.best_log_hyp = best
+        return e
+
+    def done(self):
+        if self.show:
+            est = getattr(self, "estimate", None)
+            self.say(f"done in {_duration(self.clock() - self.start)}"
+                     + (f" (estimated {_duration(est['seconds'])})" if est else ""))
 
 
 # gpclab.GPClassifier is this class with scikit-learn's ClassifierMixin and BaseEstimator as bases,
@@ -4762,7 +4929,7 @@ class GPClassifier:
     def __init__(self, kernel=None, likelihood=None, method="laplace", log_hyp=None,
                  optimize=True, bounds=None, n_restarts=0, random_state=0, shared_hyp=True,
                  n_samples=2000, hyp_prior=None, max_iter=200, discrete=None, eps=0.0,
-                 learn_eps=False, tol=1e-4):
+                 learn_eps=False, tol=1e-4, max_ml2_n=None, verbose=None):
         self.kernel = kernel
         self.likelihood = likelihood
         self.method = method
@@ -4779,6 +4946,8 @@ class GPClassifier:
         self.eps = eps
         self.learn_eps = learn_eps
         self.tol = tol
+        self.max_ml2_n = max_ml2_n
+        self.verbose = verbose
 
     _DEFAULT_LIKELIHOOD = {"laplace": "logistic", "ep": "probit", "emep": "step"}
     _METHOD_LIKELIHOODS = {"laplace": _LAPLACE_LIKELIHOODS, "ep": _EP_LIKELIHOODS,   # from LIKELIHOODS
@@ -4836,6 +5005,14 @@ class GPClassifier:
         ctx = _Context("GPClassifier")
         for name, kind in (("max_iter", "count"), ("tol", "nonneg")):
             _SCALARS[kind](getattr(self, name), name, ctx)
+        m = self.max_ml2_n
+        if m is not None and (not isinstance(m, (int, np.integer)) or isinstance(m, (bool, np.bool_)) or m < 2):
+            raise ValueError(f"GPClassifier: max_ml2_n must be None (ML-II on all points) or an integer of at "
+                             f"least 2 (ML-II on a random subset of that many), got {_brief(m)}")
+        v = self.verbose
+        if v is not None and (not isinstance(v, (int, np.integer, bool, np.bool_)) or v < 0):
+            raise ValueError(f"GPClassifier: verbose must be None (progress for fits expected to take over "
+                             f"{_SLOW_FIT_SECONDS:.0f} s), True/False or a non-negative integer, got {_brief(v)}")
         rs = self.random_state
         if not (rs is None or isinstance(rs, (np.random.RandomState, np.random.Generator))):
             if isinstance(rs, (bool, np.bool_)) or not isinstance(rs, (int, np.integer)):
@@ -4950,13 +5127,20 @@ class GPClassifier:
         per_class = multiclass and method == "laplace" and not self.shared_hyp
         y_t = one_hot(idx, C) if multiclass else np.where(idx == 1, 1.0, -1.0)
         rng, seed = self._random()
+        n = X.shape[0]
+        # ML-II (or EM-EP) on a random subset of max_ml2_n points, then the approximation at all n
+        sub = (self._ml2_subset(idx, C, seed) if self.optimize and self.max_ml2_n is not None
+               and n > self.max_ml2_n else None)
+        X_h, idx_h = (X, idx) if sub is None else (X[sub], idx[sub])
+        y_h = y_t if sub is None else y_t[..., sub]
+        monitor = self._announce(n, len(idx_h), C, method, multiclass)
         # EM-EP starts from K&G's hyperparameters for standardised inputs (footnote 11), in X's unit
-        unit = _emep_unit_shift(kernel, X, discrete) if method == "emep" else 0.0
+        unit = _emep_unit_shift(kernel, X_h, discrete) if method == "emep" else 0.0
         if self.log_hyp is None:
             # ML-II starts from the data (data_log_hyp); EM-EP from K&G's start (footnote 11),
             # which measured as close to the best log Z_EP (benchmarks/bench_ml2_starts.py)
-            h0 = (data_log_hyp(kernel, X, idx) if self.optimize and method != "emep"
-                  else default_log_hyp(kernel, X) + unit)
+            h0 = (data_log_hyp(kernel, X_h, idx_h) if self.optimize and method != "emep"
+                  else default_log_hyp(kernel, X_h) + unit)
             if per_class:
                 h0 = np.tile(h0, (C, 1))
         elif per_class:
@@ -4980,26 +5164,29 @@ class GPClassifier:
             elif method == "emep":   # K&G's bounds for standardised inputs, in X's unit like the start
                 bounds = [(lo + u, hi + u) for (lo, hi), u in zip(default_bounds(kernel, d), unit)]
             else:
-                bounds = default_bounds(kernel, d, X)
+                bounds = default_bounds(kernel, d, X_h)
 
             def run(start):
                 if method == "emep":
-                    out = em_ep(X, self.classes_[idx], start, kernel, self.eps, self.learn_eps,
+                    out = em_ep(X_h, self.classes_[idx_h], start, kernel, self.eps, self.learn_eps,
                                 self.max_iter, self.tol, bounds, discrete=discrete)
                     return out.log_hyp, out.result.log_Z, out, {}
-                h, v, opt, notes = _ml2_run(X, y_t, start, kernel, likelihood, bounds, self.max_iter,
-                                            method, self.hyp_prior, discrete, self.eps, None)
+                h, v, opt, notes = _ml2_run(X_h, y_h, start, kernel, likelihood, bounds, self.max_iter,
+                                            method, self.hyp_prior, discrete, self.eps, None, monitor)
                 return h, v, opt, notes
 
             lo, hi = np.array([b[0] for b in bounds]), np.array([b[1] for b in bounds])
-            best = run(h0)
-            for _ in range(self.n_restarts):
-                # restarts around the start, 1 (sd) in log space, within the bounds
-                start = np.clip(np.mean(np.atleast_2d(h0), axis=0) + rng.standard_normal(lo.size), lo, hi)
-                start = np.broadcast_to(start, h0.shape).copy() if h0.ndim == 2 else start
-                trial = run(start)
-                if trial[1] > best[1]:
-                    best = trial
+            try:
+                best = run(h0)
+                for _ in range(self.n_restarts):
+                    # restarts around the start, 1 (sd) in log space, within the bounds
+                    start = np.clip(np.mean(np.atleast_2d(h0), axis=0) + rng.standard_normal(lo.size), lo, hi)
+                    start = np.broadcast_to(start, h0.shape).copy() if h0.ndim == 2 else start
+                    trial = run(start)
+                    if trial[1] > best[1]:
+                        best = trial
+            except KeyboardInterrupt:
+                raise monitor.interrupted("during ML-II", h0.shape) from None
             h0, _, out, notes = best
             if method == "emep":
                 emep = out
@@ -5015,14 +5202,25 @@ class GPClassifier:
         log_hyp = np.ascontiguousarray(h0, dtype=float)
         class_hyp = (np.tile(log_hyp, (C, 1)) if multiclass and method == "laplace" and log_hyp.ndim == 1
                      else log_hyp)
-        if res is None:
-            _, _, res, _ = evidence(X, y_t, class_hyp, kernel, likelihood, method, None, False, discrete, eps)
+        if res is not None and sub is not None:
+            res = None                   # EM-EP's sites belong to the subset
+        try:
+            if res is None:
+                if sub is not None and monitor.show:
+                    monitor.say(f"the approximation at all n = {n} with the log_hyp of ML-II on {len(sub)}: "
+                                f"{np.round(log_hyp, 4).tolist()}")
+                _, _, res, _ = evidence(X, y_t, class_hyp, kernel, likelihood, method, None, False, discrete,
+                                        eps)
+            if multiclass and method == "laplace":
+                K = np.stack([kernel_matrix(kernel, X, X, h, discrete) for h in class_hyp])
+            else:
+                K = kernel_matrix(kernel, X, X, log_hyp, discrete)
+        except KeyboardInterrupt:
+            raise monitor.interrupted(f"in the approximation at all n = {n}", log_hyp.shape,
+                                      log_hyp) from None
         if not self.optimize:            # the iterations of the one approximation
             n_iter = int(res.n_iter if method == "laplace" else res.n_sweeps)
-        if multiclass and method == "laplace":
-            K = np.stack([kernel_matrix(kernel, X, X, h, discrete) for h in class_hyp])
-        else:
-            K = kernel_matrix(kernel, X, X, log_hyp, discrete)
+        monitor.done()
         _warn_not_converged(res, "GPClassifier.fit", None if multiclass else K, likelihood, stacklevel=4)
         if emep is not None and not emep.converged:
             warnings.warn(f"GPClassifier.fit: EM-EP did not converge in {emep.n_iter} rounds "
@@ -5042,6 +5240,7 @@ class GPClassifier:
         self.result_ = res
         self.n_iter_ = n_iter
         self.converged_ = converged
+        self.ml2_subset_ = sub
         if multiclass and method == "laplace":
             self.G_ = multiclass_G.unchecked(res.E, res.M)  # M\E_c, reused by every prediction
         if method == "laplace":
@@ -5052,6 +5251,66 @@ class GPClassifier:
             self.tau_tilde_ = res.tau_tilde
             self.log_marginal_likelihood_ = float(res.log_Z)
         return self
+
+    def _ml2_subset(self, idx, C, seed):
+        """The sorted indices of max_ml2_n points drawn at random without replacement (a stream
+        of its own from the fit's seed), every class kept: a class the draw missed gets one
+        random point of it in place of a point of the largest class."""
+        n, m = idx.shape[0], int(self.max_ml2_n)
+        r = np.random.default_rng([seed, 1])
+        sub = r.choice(n, m, replace=False)
+        for c in range(C):
+            if not np.any(idx[sub] == c):
+                big = np.bincount(idx[sub], minlength=C).argmax()
+                sub[np.flatnonzero(idx[sub] == big)[0]] = r.choice(np.flatnonzero(idx == c))
+        return np.sort(sub)
+
+    def _announce(self, n, m, C, method, multiclass):
+        """The fit's estimate of its time and peak memory (_fit_estimate), stated before it
+        starts; MemoryError if the memory would not fit. Returns the _FitMonitor of the fit."""
+        blocks = (C, 1) if multiclass and method == "laplace" else (1, C - 1) if multiclass else (1, 1)
+        runs = 1 + int(self.n_restarts)
+        est = _fit_estimate(n, m, blocks, method, bool(self.optimize), runs)
+        show = bool(self.verbose) if self.verbose is not None else (
+            est is not None and est["seconds"] >= _SLOW_FIT_SECONDS)
+        monitor = _FitMonitor(show, est["evaluations"] if est else None)
+        monitor.estimate = est
+        if est is None:
+            return monitor
+        what = ("EM-EP" if method == "emep" else "ML-II") if self.optimize else None
+        on = f" on a random subset of {m}" if m < n else " on all n"
+        statement = (f"n = {n}, method {method!r}: expected about {_duration(est['seconds'])} on this machine"
+                     + (f" ({what}{on}: about {est['evaluations']} evaluations, "
+                        f"{_duration(est['seconds_ml2'])}; then the approximation at all n)" if what else "")
+                     + f", peak memory about {_gib(est['peak_bytes'])}")
+        have = _memory_available()
+        size = blocks[1]
+        if have and est["peak_bytes"] > have:
+            per = 8.0 * blocks[0] * (size * n) ** 2
+            if est["final_bytes"] <= have:
+                k = _PEAK_ARRAYS["laplace" if method == "laplace" else "ep"][0]
+                m_fit = int(math.sqrt(have / (8.0 * blocks[0] * k)) / size) // 100 * 100
+                instead = (f"ML-II on all n needs more than the approximation at all n: pass max_ml2_n="
+                           f"{m_fit} (ML-II on a random subset of {m_fit}, then the approximation at all n)")
+            else:
+                k = _PEAK_ARRAYS["laplace" if method == "laplace" else "ep"][1]
+                n_fit = int(math.sqrt(have / (8.0 * blocks[0] * k)) / size) // 100 * 100
+                instead = (f"fit a random subset of at most {n_fit} rows instead (and set max_ml2_n for "
+                           f"ML-II), or use a machine with more memory")
+            raise MemoryError(f"GPClassifier.fit: {statement}, more than the {_gib(have)} of memory available "
+                              f"(the fit keeps n x n float64 matrices of {_gib(per)} each); not started: "
+                              f"{instead}")
+        if show:
+            monitor.say(statement + f" ({_gib(have)} available)" if have else statement)
+        if self.optimize and est["seconds_ml2"] >= _LONG_FIT_SECONDS:
+            hint = ""
+            if m > 2000 and method != "emep":
+                alt = _fit_estimate(n, 2000, blocks, method, True, runs)
+                hint = (f" max_ml2_n=2000 (ML-II on a random subset of 2000, then the approximation at all "
+                        f"n) is expected to take about {_duration(alt['seconds'])}.")
+            warnings.warn(f"GPClassifier.fit: {statement}.{hint} Ctrl-C stops the fit, and its message "
+                          "gives the best log_hyp so far", RuntimeWarning, stacklevel=4)
+        return monitor
 
     def _checked_bounds(self, kernel, d):
         """self.bounds as a list of (low, high), one per log-hyperparameter of one class."""
