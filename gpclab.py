@@ -853,11 +853,13 @@ def minus_gram(K, V):
 @njit(cache=True)
 def _potri_lower(L):
     """The lower triangle of B^-1 from the Cholesky factor L of B = L L^T, by LAPACK dpotri
-    (the upper triangle holds what L held there: zeros)."""
+    (the upper triangle holds what L held there: zeros); in blocks above _BLOCKED_N."""
     n = L.shape[0]
     A = np.ascontiguousarray(L).copy()
     if n == 0:
         return A
+    if n > _BLOCKED_N:
+        return _potri_blocked(A, _BLOCK)
     # C-order lower L is Fortran upper U = L^T, and B = U^T U.
     uplo = np.array([ord("U")], np.uint8)
     nn = np.array([n], np.int32)
@@ -901,6 +903,8 @@ def _cholesky(A):
     n = A.shape[0]
     if n == 0:
         return A
+    if n > _BLOCKED_N:
+        return _cholesky_blocked(A, _BLOCK)
     uplo = np.array([ord("U")], np.uint8)                     # C-order lower = Fortran upper
     nn = np.array([n], np.int32)
     info = np.zeros(1, np.int32)
@@ -910,6 +914,107 @@ def _cholesky(A):
     for i in range(n):
         for j in range(i + 1, n):
             A[i, j] = 0.0
+    return A
+
+
+# --- large n: the same factorisations in blocks, so that Ctrl-C is seen between them ---
+# One LAPACK call on n = 10,000 takes seconds to a minute, and numba code sees Ctrl-C only
+# between calls (check_interrupt). Above _BLOCKED_N, _cholesky and _potri_lower run LAPACK's
+# own blocked algorithms (dpotrf, dtrtri + dlauum) written out: block operations of at most
+# about 2 n _BLOCK^2 or 2 n _ROWS _BLOCK flops (BLAS-3, all BLAS threads), check_interrupt
+# between them. The indices below are of the Fortran view: a C-order array is its Fortran
+# transpose, so C's lower triangle is Fortran's upper one, and Fortran element (r, c) sits at
+# a[c * n + r] of the flat array.
+
+_BLOCKED_N = 2048
+_BLOCK = 256
+_ROWS = 1024
+
+
+@njit(cache=True)
+def _cholesky_blocked(A, nb):
+    """_cholesky for large n: the right-looking blocked Cholesky factorisation in place, blocks
+    of nb, Ctrl-C seen between block operations; LinAlgError if A is not positive definite."""
+    n = A.shape[0]
+    a = A.reshape(n * n)
+    U, L = np.array([ord("U")], np.uint8), np.array([ord("L")], np.uint8)
+    T, N = np.array([ord("T")], np.uint8), np.array([ord("N")], np.uint8)
+    ld, info = np.array([n], np.int32), np.zeros(1, np.int32)
+    jb, m, w = np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32)
+    one, minus = np.array([1.0]), np.array([-1.0])
+    for j in range(0, n, nb):
+        check_interrupt()
+        jb[0] = min(nb, n - j)
+        j1 = j + jb[0]
+        _dpotrf(U.ctypes, jb.ctypes, a[j * n + j:].ctypes, ld.ctypes, info.ctypes)   # U_jj
+        if info[0] != 0:
+            raise np.linalg.LinAlgError("Matrix is not positive definite.")
+        if j1 == n:
+            break
+        m[0] = n - j1
+        _dtrsm(L.ctypes, U.ctypes, T.ctypes, N.ctypes, jb.ctypes, m.ctypes, one.ctypes,   # U_j,rest := U_jj^-T A_j,rest
+               a[j * n + j:].ctypes, ld.ctypes, a[j1 * n + j:].ctypes, ld.ctypes)
+        for c0 in range(j1, n, nb):                        # A_rest -= U_j,rest^T U_j,rest, by columns
+            check_interrupt()
+            w[0] = min(nb, n - c0)
+            if c0 > j1:
+                m[0] = c0 - j1
+                _dgemm(T.ctypes, N.ctypes, m.ctypes, w.ctypes, jb.ctypes, minus.ctypes, a[j1 * n + j:].ctypes,
+                       ld.ctypes, a[c0 * n + j:].ctypes, ld.ctypes, one.ctypes, a[c0 * n + j1:].ctypes, ld.ctypes)
+            _dsyrk(U.ctypes, T.ctypes, w.ctypes, jb.ctypes, minus.ctypes, a[c0 * n + j:].ctypes, ld.ctypes,
+                   one.ctypes, a[c0 * n + c0:].ctypes, ld.ctypes)
+    for i in range(n):
+        for j in range(i + 1, n):
+            A[i, j] = 0.0
+    return A
+
+
+@njit(cache=True)
+def _potri_blocked(A, nb):
+    """_potri_lower for large n: A holds L (C lower), in place becomes B^-1's lower triangle,
+    by LAPACK's blocked dtrtri then dlauum, Ctrl-C seen between block operations."""
+    n = A.shape[0]
+    a = A.reshape(n * n)
+    U, L, R = np.array([ord("U")], np.uint8), np.array([ord("L")], np.uint8), np.array([ord("R")], np.uint8)
+    T, N = np.array([ord("T")], np.uint8), np.array([ord("N")], np.uint8)
+    ld, info = np.array([n], np.int32), np.zeros(1, np.int32)
+    jb, m, k = np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32)
+    one, minus = np.array([1.0]), np.array([-1.0])
+    for j in range(0, n, nb):                              # dtrtri: U := U^-1, by block columns
+        jb[0] = min(nb, n - j)
+        for r0 in range(0, j, _ROWS):                       # U_0:j,j := inv(U_0:j,0:j) U_0:j,j, by rows
+            check_interrupt()
+            r1 = min(r0 + _ROWS, j)
+            m[0] = r1 - r0
+            _dtrmm(L.ctypes, U.ctypes, N.ctypes, N.ctypes, m.ctypes, jb.ctypes, one.ctypes,
+                   a[r0 * n + r0:].ctypes, ld.ctypes, a[j * n + r0:].ctypes, ld.ctypes)
+            if r1 < j:
+                k[0] = j - r1
+                _dgemm(N.ctypes, N.ctypes, m.ctypes, jb.ctypes, k.ctypes, one.ctypes, a[r1 * n + r0:].ctypes,
+                       ld.ctypes, a[j * n + r1:].ctypes, ld.ctypes, one.ctypes, a[j * n + r0:].ctypes, ld.ctypes)
+        if j > 0:
+            m[0] = j
+            _dtrsm(R.ctypes, U.ctypes, N.ctypes, N.ctypes, m.ctypes, jb.ctypes, minus.ctypes,
+                   a[j * n + j:].ctypes, ld.ctypes, a[j * n:].ctypes, ld.ctypes)
+        _dtrtri(U.ctypes, N.ctypes, jb.ctypes, a[j * n + j:].ctypes, ld.ctypes, info.ctypes)
+    for i in range(0, n, nb):                              # dlauum: B^-1 = U^-1 U^-T, by block columns
+        jb[0] = min(nb, n - i)
+        i1 = i + jb[0]
+        check_interrupt()
+        if i > 0:
+            m[0] = i
+            _dtrmm(R.ctypes, U.ctypes, T.ctypes, N.ctypes, m.ctypes, jb.ctypes, one.ctypes,
+                   a[i * n + i:].ctypes, ld.ctypes, a[i * n:].ctypes, ld.ctypes)
+        _dlauum(U.ctypes, jb.ctypes, a[i * n + i:].ctypes, ld.ctypes, info.ctypes)
+        if i1 < n:
+            k[0] = n - i1
+            for r0 in range(0, i, _ROWS):
+                check_interrupt()
+                m[0] = min(_ROWS, i - r0)
+                _dgemm(N.ctypes, T.ctypes, m.ctypes, jb.ctypes, k.ctypes, one.ctypes, a[i1 * n + r0:].ctypes,
+                       ld.ctypes, a[i1 * n + i:].ctypes, ld.ctypes, one.ctypes, a[i * n + r0:].ctypes, ld.ctypes)
+            _dsyrk(U.ctypes, N.ctypes, jb.ctypes, k.ctypes, one.ctypes, a[i1 * n + i:].ctypes, ld.ctypes,
+                   one.ctypes, a[i * n + i:].ctypes, ld.ctypes)
     return A
 
 
@@ -4646,7 +4751,8 @@ _ESTIMATE_FROM_N = 1500    # fits of fewer points (on every latent) are not esti
 _SLOW_FIT_SECONDS = 30.0   # a fit expected to take longer states its estimate and shows progress
 _LONG_FIT_SECONDS = 600.0  # ... and an ML-II expected to take longer warns, naming max_ml2_n
 _PROGRESS_EVERY = 5.0      # seconds between progress lines
-_machine_speed_cache = []
+_SPEED_FOR = 300.0         # seconds for which a measured speed is used
+_machine_speed_cache = []  # [(t_chol, t_pass, BLAS threads), when measured]
 # the work of one evaluation of the evidence with its gradient during ML-II (warm-started), in
 # Cholesky factorisations of the n x n matrix and passes over an n x n matrix, and of the final
 # approximation at all n (started cold, no gradient); measured at n = 1,000-3,000
@@ -4661,25 +4767,36 @@ _PEAK_ARRAYS = {"laplace": (4, 3), "ep": (6, 6)}
 
 
 def _machine_speed():
-    """(seconds of one Cholesky factorisation, seconds of one pass over the matrix) at
-    _SPEED_N, the best of three, with the BLAS threads of the caller; measured once per process."""
-    if not _machine_speed_cache:
-        import time
+    """(seconds of one Cholesky factorisation, seconds of one pass over the matrix, BLAS threads)
+    at _SPEED_N, the best of three, with one BLAS thread and with all of them: the threads of the
+    faster. Measured once per process (again after _SPEED_FOR seconds: the load of a shared
+    machine changes). Two OpenBLAS threads are about twice as fast as one on an idle machine of
+    two cores, and several times slower when other processes hold the cores (NUMBA.md)."""
+    import time
 
-        r = np.random.default_rng(0)
-        X = r.standard_normal((_SPEED_N, 2))
-        K = kernel_matrix.unchecked("se", X, X, np.zeros(2), np.zeros(2))
-        sW = np.full(_SPEED_N, 0.5)
+    if _machine_speed_cache and time.monotonic() - _machine_speed_cache[-1] < _SPEED_FOR:
+        return _machine_speed_cache[0]
+    from threadpoolctl import threadpool_limits
+
+    r = np.random.default_rng(0)
+    X = r.standard_normal((_SPEED_N, 2))
+    K = kernel_matrix.unchecked("se", X, X, np.zeros(2), np.zeros(2))
+    sW = np.full(_SPEED_N, 0.5)
+    best = None
+    for threads in (None, 1):                              # all BLAS threads, then one
         t_chol = t_pass = np.inf
-        for _ in range(3):
-            t = time.perf_counter()
-            B = _form_B(K, sW)                               # one O(n^2) pass, as the boxes' loops
-            t_pass = min(t_pass, time.perf_counter() - t)
-            t = time.perf_counter()
-            _cholesky(B)
-            t_chol = min(t_chol, time.perf_counter() - t)
-        _machine_speed_cache.append((t_chol, t_pass))
-    return _machine_speed_cache[0]
+        with threadpool_limits(limits=threads, user_api="blas"):
+            for _ in range(3):
+                t = time.perf_counter()
+                B = _form_B(K, sW)                           # one O(n^2) pass, as the boxes' loops
+                t_pass = min(t_pass, time.perf_counter() - t)
+                t = time.perf_counter()
+                _cholesky(B)
+                t_chol = min(t_chol, time.perf_counter() - t)
+        if best is None or t_chol < best[0]:
+            best = (t_chol, t_pass, threads)
+    _machine_speed_cache[:] = [best, time.monotonic()]
+    return best
 
 
 def _memory_available():
@@ -4718,7 +4835,7 @@ def _fit_estimate(n, m, n_latent, method, optimize, runs):
     blocks, size = n_latent
     if size * n < _ESTIMATE_FROM_N:
         return None
-    t_chol, t_pass = _machine_speed()
+    t_chol, t_pass, threads = _machine_speed()
 
     def seconds(work, k):
         chol, passes = work
@@ -4730,8 +4847,28 @@ def _fit_estimate(n, m, n_latent, method, optimize, runs):
     final = seconds(_FINAL_WORK[kind], n)
     grad_arrays, plain_arrays = _PEAK_ARRAYS[kind]
     peak = 8.0 * blocks * max(grad_arrays * (size * m) ** 2 if optimize else 0, plain_arrays * (size * n) ** 2)
-    return {"seconds": ml2 + final, "seconds_ml2": ml2, "evaluations": evals, "peak_bytes": peak,
+    return {"seconds": ml2 + final, "seconds_ml2": ml2, "evaluations": evals, "peak_bytes": peak, "threads": threads,
             "final_bytes": 8.0 * blocks * plain_arrays * (size * n) ** 2, "n": n, "m": m}
+
+
+class _FitThreads:
+    """The BLAS threads of one large fit: limit(k) sets k for the rest of the fit (the faster
+    count measured by _machine_speed), and leaving the context gives back the count before."""
+
+    def __init__(self):
+        self.limits = None
+
+    def __enter__(self):
+        return self
+
+    def limit(self, k):
+        from threadpoolctl import threadpool_limits
+
+        self.limits = threadpool_limits(limits=k, user_api="blas")
+
+    def __exit__(self, *exc):
+        if self.limits is not None:
+            self.limits.restore_original_limits()
 
 
 class _FitMonitor:
@@ -5079,10 +5216,10 @@ class GPClassifier:
         one type (str, int, bytes, ...), two or more classes. A second fit
         starts from a clean state.
         """
-        with _blas_threads_for([X]):     # ML-II's own numpy between gpclab's calls too
-            return self._fit(X, y)
+        with _blas_threads_for([X]), _FitThreads() as threads:   # ML-II's own numpy between gpclab's calls too
+            return self._fit(X, y, threads)
 
-    def _fit(self, X, y):
+    def _fit(self, X, y, threads=None):
         from sklearn.utils.validation import validate_data
 
         for key in [k for k in vars(self) if k.endswith("_") and not k.startswith("_")]:
@@ -5133,7 +5270,7 @@ class GPClassifier:
                and n > self.max_ml2_n else None)
         X_h, idx_h = (X, idx) if sub is None else (X[sub], idx[sub])
         y_h = y_t if sub is None else y_t[..., sub]
-        monitor = self._announce(n, len(idx_h), C, method, multiclass)
+        monitor = self._announce(n, len(idx_h), C, method, multiclass, threads)
         # EM-EP starts from K&G's hyperparameters for standardised inputs (footnote 11), in X's unit
         unit = _emep_unit_shift(kernel, X_h, discrete) if method == "emep" else 0.0
         if self.log_hyp is None:
@@ -5265,9 +5402,10 @@ class GPClassifier:
                 sub[np.flatnonzero(idx[sub] == big)[0]] = r.choice(np.flatnonzero(idx == c))
         return np.sort(sub)
 
-    def _announce(self, n, m, C, method, multiclass):
+    def _announce(self, n, m, C, method, multiclass, threads=None):
         """The fit's estimate of its time and peak memory (_fit_estimate), stated before it
-        starts; MemoryError if the memory would not fit. Returns the _FitMonitor of the fit."""
+        starts; MemoryError if the memory would not fit; the BLAS threads measured faster set
+        for the fit (threads, a _FitThreads). Returns the _FitMonitor of the fit."""
         blocks = (C, 1) if multiclass and method == "laplace" else (1, C - 1) if multiclass else (1, 1)
         runs = 1 + int(self.n_restarts)
         est = _fit_estimate(n, m, blocks, method, bool(self.optimize), runs)
@@ -5300,8 +5438,12 @@ class GPClassifier:
             raise MemoryError(f"GPClassifier.fit: {statement}, more than the {_gib(have)} of memory available "
                               f"(the fit keeps n x n float64 matrices of {_gib(per)} each); not started: "
                               f"{instead}")
+        if threads is not None and est["threads"] is not None:
+            threads.limit(est["threads"])
         if show:
-            monitor.say(statement + f" ({_gib(have)} available)" if have else statement)
+            blas = "all BLAS threads" if est["threads"] is None else f"{est['threads']} BLAS thread"
+            monitor.say(statement + (f" ({_gib(have)} available)" if have else "")
+                        + f"; {blas} (measured faster now)")
         if self.optimize and est["seconds_ml2"] >= _LONG_FIT_SECONDS:
             hint = ""
             if m > 2000 and method != "emep":
@@ -7969,6 +8111,15 @@ _dsyrk = _c_function("gpclab_dsyrk", get_cython_function_address("scipy.linalg.c
 _dpotri = _c_function("gpclab_dpotri", get_cython_function_address("scipy.linalg.cython_lapack", "dpotri"),
                       (types.void, None), 5)
 _dpotrf = _c_function("gpclab_dpotrf", get_cython_function_address("scipy.linalg.cython_lapack", "dpotrf"),
+                      (types.void, None), 5)
+# and the block operations of _cholesky_blocked and _potri_blocked (large n)
+_dgemm = _c_function("gpclab_dgemm", get_cython_function_address("scipy.linalg.cython_blas", "dgemm"),
+                     (types.void, None), 13)
+_dtrmm = _c_function("gpclab_dtrmm", get_cython_function_address("scipy.linalg.cython_blas", "dtrmm"),
+                     (types.void, None), 11)
+_dtrtri = _c_function("gpclab_dtrtri", get_cython_function_address("scipy.linalg.cython_lapack", "dtrtri"),
+                      (types.void, None), 6)
+_dlauum = _c_function("gpclab_dlauum", get_cython_function_address("scipy.linalg.cython_lapack", "dlauum"),
                       (types.void, None), 5)
 
 

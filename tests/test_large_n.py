@@ -27,7 +27,7 @@ def problem(n, seed=0):
 def slow_machine(monkeypatch):
     """A machine on which a Cholesky factorisation of _SPEED_N points takes 1e5 s (passes free),
     and fits of 10 points or more are estimated."""
-    monkeypatch.setattr(gpclab, "_machine_speed_cache", [(1e5, 0.0)])
+    monkeypatch.setattr(gpclab, "_machine_speed_cache", [(1e5, 0.0, None), float("inf")])
     monkeypatch.setattr(gpclab, "_ESTIMATE_FROM_N", 10)
 
 
@@ -179,3 +179,25 @@ def test_ctrl_c_stops_a_long_fit_within_a_second():
     assert lines["MESSAGE"].startswith("GPClassifier.fit interrupted during ML-II after ")
     assert "the estimator is left unfitted. The best log_hyp so far (log evidence -" in lines["MESSAGE"]
     assert "optimize=False) fits with it" in lines["MESSAGE"]
+
+
+@pytest.mark.parametrize("n, nb", [(1, 4), (50, 7), (61, 16), (64, 16), (130, 32)])
+def test_blocked_factorisations_match_lapack(n, nb):
+    """_cholesky_blocked and _potri_blocked (used above _BLOCKED_N, Ctrl-C between blocks) give
+    numpy's Cholesky factor and inverse, with small blocks so that every branch runs."""
+    r = np.random.default_rng(n)
+    G = r.standard_normal((n, n + 3))
+    B = G @ G.T / n + np.eye(n)
+    L = gpclab._cholesky_blocked(B.copy(), nb)
+    np.testing.assert_allclose(L, np.linalg.cholesky(B), rtol=0, atol=1e-12)
+    Binv = gpclab._potri_blocked(np.linalg.cholesky(B), nb)
+    ref = np.linalg.inv(B)
+    np.testing.assert_allclose(np.tril(Binv), np.tril(ref), rtol=0, atol=1e-12 * np.abs(ref).max())
+    assert not np.triu(Binv, 1).any()                    # the upper triangle keeps L's zeros
+
+
+def test_blocked_cholesky_refuses_an_indefinite_matrix():
+    A = np.eye(40)
+    A[30, 30] = -1.0
+    with pytest.raises(np.linalg.LinAlgError):
+        gpclab._cholesky_blocked(A, 8)
