@@ -201,3 +201,22 @@ def test_blocked_cholesky_refuses_an_indefinite_matrix():
     A[30, 30] = -1.0
     with pytest.raises(np.linalg.LinAlgError):
         gpclab._cholesky_blocked(A, 8)
+
+
+@pytest.mark.parametrize("n, m, nb, rows, step", [(40, 9, 8, 16, 3), (57, 57, 16, 5, 57), (33, 1, 32, 40, 1)])
+def test_chunked_solve_and_syrk_match_the_dense_products(n, m, nb, rows, step):
+    """_solve_lower_chunks and _syrk_strips (solve_lower_matrix, syrk_lower above _BLOCKED_N)
+    against numpy's triangular solve and A^T A, with small pieces so that every branch runs."""
+    r = np.random.default_rng(n + m)
+    G = r.standard_normal((n, n))
+    L = np.linalg.cholesky(G @ G.T / n + np.eye(n))
+    B = r.standard_normal((n, m))
+    X = gpclab._solve_lower_chunks(L, B.copy(), step)
+    np.testing.assert_allclose(L @ X, B, rtol=0, atol=1e-12 * np.abs(B).max() * n)
+    A = r.standard_normal((m, n))
+    C = r.standard_normal((n, n))
+    out = C.copy()
+    gpclab._syrk_strips(out, A, -0.5, nb, rows)
+    ref = C - 0.5 * A.T @ A
+    np.testing.assert_allclose(np.tril(out), np.tril(ref), rtol=0, atol=1e-12 * np.abs(ref).max())
+    np.testing.assert_array_equal(np.triu(out, 1), np.triu(C, 1))   # the upper triangle untouched
