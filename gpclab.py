@@ -5110,12 +5110,11 @@ class GPClassifier:
     other processes hold the cores (two OpenBLAS threads are then several
     times slower than one); below 1,500 points BLAS always runs one thread.
     Ctrl-C (Jupyter's Interrupt) ends a fit with KeyboardInterrupt; above
-    n = 2,048 the factorisations run in blocks with a check between them
-    (each block operation about 2 n 256^2 flops), so that the fit stops
-    within about a second at n = 10,000 (binary EP's refactorisation after
-    each sweep, a triangular solve and a product of n^3 flops, is one BLAS
-    call each: at n = 10,000 it can take tens of seconds to stop there).
-    An interrupted fit leaves the estimator unfitted; the message and the
+    n = 2,048 the n^3 steps (Cholesky factorisations, B^-1, EP's triangular
+    solves and products) run in blocks with a check between them, each block
+    operation at most about 2 n 256 1024 flops (0.1-0.5 s at n = 10,000 on
+    one core), so that the fit stops within about a second; the O(n^2) loops
+    between checks take a fraction of a second at n = 10,000. An interrupted fit leaves the estimator unfitted; the message and the
     exception's best_log_hyp give the best log_hyp so far, to pass as
     log_hyp (with optimize=False to fit at once).
 
