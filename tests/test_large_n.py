@@ -246,3 +246,37 @@ def test_chunked_solve_and_syrk_match_the_dense_products(n, m, nb, rows, step):
     ref = C - 0.5 * A.T @ A
     np.testing.assert_allclose(np.tril(out), np.tril(ref), rtol=0, atol=1e-12 * np.abs(ref).max())
     np.testing.assert_array_equal(np.triu(out, 1), np.triu(C, 1))   # the upper triangle untouched
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="POSIX interval timers")
+@pytest.mark.parametrize("which", ["cholesky", "potri"])
+def test_blocked_factorisations_see_a_signal_between_blocks(which):
+    """A signal that arrives during a blocked factorisation is seen at the next block (its
+    handler raises, as Ctrl-C's does): the call stops long before it would have ended. Small
+    blocks on n = 1200 make the call take long enough to tell (one LAPACK call is not stopped)."""
+    n, nb = 1200, 8
+    r = np.random.default_rng(0)
+    G = r.standard_normal((n, n))
+    B = G @ G.T / n + np.eye(n)
+    L = np.linalg.cholesky(B)
+    call = ((lambda: gpclab._cholesky_blocked(B.copy(), nb)) if which == "cholesky"
+            else (lambda: gpclab._potri_blocked(L.copy(), nb)))
+    call()                                                 # compiled, and its time
+    t = time.perf_counter()
+    call()
+    full = time.perf_counter() - t
+
+    def alarm(signum, frame):
+        raise KeyboardInterrupt("alarm")
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, full / 5)
+        t = time.perf_counter()
+        with pytest.raises(KeyboardInterrupt):
+            call()
+        stopped = time.perf_counter() - t
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert stopped < full / 5 + 0.3 * full, (stopped, full)
