@@ -4963,6 +4963,8 @@ class _FitMonitor:
             text += (f". The best log_hyp so far{'' if log_hyp is not None else f' (log evidence {self.best_v:.4f})'}"
                      f": {told}. GPClassifier(log_hyp={told}, optimize=False) fits with it, or pass it as "
                      "log_hyp to start ML-II from it")
+        else:
+            text += " (no evaluation of the evidence had finished)"
         e = KeyboardInterrupt(text)
         e.best_log_hyp = best
         return e
