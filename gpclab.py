@@ -5437,8 +5437,11 @@ class GPClassifier:
         try:
             if res is None:
                 if sub is not None and monitor.show:
-                    monitor.say(f"the approximation at all n = {n} with the log_hyp of ML-II on {len(sub)}: "
-                                f"{np.round(log_hyp, 4).tolist()}")
+                    est = monitor.estimate
+                    left = (f", expected about {_duration(est['seconds'] - est['seconds_ml2'])}" if est else "")
+                    monitor.say(f"the approximation at all n = {n} with the log_hyp of "
+                                f"{'EM-EP' if method == 'emep' else 'ML-II'} on {len(sub)}: "
+                                f"{np.round(log_hyp, 4).tolist()}{left}")
                 _, _, res, _ = evidence(X, y_t, class_hyp, kernel, likelihood, method, None, False, discrete,
                                         eps)
             if multiclass and method == "laplace":
