@@ -280,3 +280,17 @@ def test_blocked_factorisations_see_a_signal_between_blocks(which):
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     assert stopped < full / 5 + 0.3 * full, (stopped, full)
+
+
+@pytest.mark.filterwarnings("ignore:GPClassifier.fit. EM-EP did not converge")
+def test_max_ml2_n_with_emep_is_emep_on_the_subset():
+    """EM-EP on the subset (its sites belong to the subset), then EP at all n with its log_hyp."""
+    X, y = problem(120, seed=5)
+    clf = gpclab.GPClassifier(method="emep", max_ml2_n=50, max_iter=3).fit(X, y)
+    sub = clf.ml2_subset_
+    plain = gpclab.GPClassifier(method="emep", max_iter=3).fit(X[sub], y[sub])
+    np.testing.assert_allclose(clf.log_hyp_, plain.log_hyp_, rtol=1e-12)
+    assert clf.nu_tilde_.shape == (120,)
+    fixed = gpclab.GPClassifier(method="ep", kernel="kg", likelihood="step", log_hyp=plain.log_hyp_,
+                                optimize=False).fit(X, y)
+    assert clf.log_marginal_likelihood_ == pytest.approx(fixed.log_marginal_likelihood_, rel=1e-9)
