@@ -4953,6 +4953,7 @@ _SPEED_N = 1000            # the size of the factorisation and the pass timed on
 _ESTIMATE_FROM_N = 1500    # fits of fewer points (on every latent) are not estimated: seconds at most
 _SLOW_FIT_SECONDS = 30.0   # a fit expected to take longer states its estimate and shows progress
 _LONG_FIT_SECONDS = 600.0  # ... and an ML-II expected to take longer warns, naming max_ml2_n
+_REFUSE_ML2_SECONDS = 1800.0  # ML-II on all n expected to take longer is not started unless asked
 _PROGRESS_EVERY = 5.0      # seconds between progress lines
 _SPEED_FOR = 300.0         # seconds for which a measured speed is used
 _machine_speed_cache = []  # [(t_chol, t_pass, BLAS threads), when measured]
@@ -5241,7 +5242,8 @@ class GPClassifier:
         kept; the indices are ml2_subset_), then the approximation at all n
         with the hyperparameters found: the same numbers as a fit on that
         subset, then a fit at all n with optimize=False. Default None: ML-II
-        on all n. ML-II costs about 15 evaluations of n^3 work, the final
+        on all n, unless that is expected to take over 30 minutes (then fit
+        refuses to start, saying what it expects; max_ml2_n=n runs it anyway). ML-II costs about 15 evaluations of n^3 work, the final
         approximation one: at n = 10,000 ML-II on all points takes hours,
         max_ml2_n=2000 minutes. Measured (benchmarks/bench_large_n.py, Laplace,
         2 inputs): at n = 4,000, ML-II on 2,000 gave log q 0.85 nats below
@@ -5266,7 +5268,10 @@ class GPClassifier:
     naming n, the estimate, the memory needed and available, and what to do
     instead (max_ml2_n, or a subset of the rows); an ML-II expected to take
     over 10 minutes warns (RuntimeWarning) with the estimate and the time
-    max_ml2_n=2000 would take. The fit runs with the BLAS thread count
+    max_ml2_n=2000 would take, and one on all n expected to take over 30
+    minutes is not started when max_ml2_n is left at None: RuntimeError with
+    the estimate and what to do instead (max_ml2_n=2000 and its time, or
+    max_ml2_n=n to run it on all n anyway, or fixed log_hyp). The fit runs with the BLAS thread count
     measured faster at its start: all of them on an idle machine, one when
     other processes hold the cores (two OpenBLAS threads are then several
     times slower than one); below 1,500 points BLAS always runs one thread.
@@ -5704,6 +5709,10 @@ class GPClassifier:
                 alt = _fit_estimate(n, 2000, blocks, method, True, runs)
                 hint = (f" max_ml2_n=2000 (ML-II on a random subset of 2000, then the approximation at all "
                         f"n) is expected to take about {_duration(alt['seconds'])}.")
+            if self.max_ml2_n is None and est["seconds_ml2"] >= _REFUSE_ML2_SECONDS:
+                raise RuntimeError(f"GPClassifier.fit: {statement}; not started: ML-II on all n would take "
+                                   f"over {_duration(_REFUSE_ML2_SECONDS)}.{hint} To run ML-II on all n "
+                                   f"anyway, pass max_ml2_n={n}; or give log_hyp with optimize=False")
             warnings.warn(f"GPClassifier.fit: {statement}.{hint} Ctrl-C stops the fit, and its message "
                           "gives the best log_hyp so far", RuntimeWarning, stacklevel=4)
         return monitor

@@ -54,7 +54,7 @@ def test_fit_states_its_estimate_and_progress(slow_machine, capsys):
     10 minutes also a RuntimeWarning."""
     X, y = problem(100)
     with pytest.warns(RuntimeWarning, match=r"n = 100, method 'laplace': expected about 2\.8 h"):
-        gpclab.GPClassifier().fit(X, y)
+        gpclab.GPClassifier(max_ml2_n=100).fit(X, y)          # asked for ML-II on all n
     err = capsys.readouterr().err
     est = gpclab._fit_estimate(100, 100, (1, 1), "laplace", True, 1)["seconds"]
     assert est == pytest.approx(15 * 6 * 100.0 + 10 * 100.0)   # 2.8 h
@@ -77,8 +77,26 @@ def test_no_progress_for_small_fits_unless_asked(capsys):
 def test_verbose_false_silences_progress_not_the_warning(slow_machine, capsys):
     X, y = problem(100)
     with pytest.warns(RuntimeWarning, match="expected about"):
-        gpclab.GPClassifier(verbose=False).fit(X, y)
+        gpclab.GPClassifier(verbose=False, max_ml2_n=100).fit(X, y)
     assert capsys.readouterr().err == ""
+
+
+def test_ml2_over_half_an_hour_is_refused_unless_asked(slow_machine, monkeypatch):
+    """ML-II on all n expected over 30 minutes: not started by default, with the estimate, the
+    subset's time and how to run it anyway; 10-30 minutes: it runs, with a warning."""
+    X, y = problem(100)
+    clf = gpclab.GPClassifier(verbose=False)
+    with pytest.raises(RuntimeError) as e:
+        clf.fit(X, y)
+    msg = str(e.value)
+    assert "n = 100, method 'laplace': expected about 2.8 h" in msg and "not started" in msg
+    assert "over 30 min" in msg and "pass max_ml2_n=100" in msg and "optimize=False" in msg
+    assert not hasattr(clf, "log_hyp_")
+    # 1e5 s / 1000^3 * 100^3 = 100 s a factorisation; at a tenth of that ML-II's 90 factorisations
+    # take 15 min: warned, not refused
+    monkeypatch.setattr(gpclab, "_machine_speed_cache", [(1e4, 0.0, None), float("inf")])
+    with pytest.warns(RuntimeWarning, match="expected about"):
+        gpclab.GPClassifier(verbose=False).fit(X, y)
 
 
 def test_refused_when_memory_would_not_fit(slow_machine, monkeypatch):
