@@ -6,11 +6,14 @@ each kernel starts inside a bubblewrap sandbox where it
   (its virtual environment and base installation), gpclab.py with its `__pycache__` and numba's
   cache folder (`$NUMBA_CACHE_DIR`), all read-only, and nothing else of the machine: no home
   folders, no /work or /srv, no course folder (source/, submitted/, gradebook.db), no exchange;
-- writes only to its own working folder (`autograded/<student>/<assignment>/`, which holds a copy
-  of the submission's files; the kernel sees it as /home/student/<assignment>) and to a private,
-  empty HOME and /tmp that vanish with it;
+- writes only to its own working folder and to a private, empty HOME, /tmp, /var/tmp and /dev/shm,
+  all tmpfs that vanish with it; the working folder (the kernel sees it as
+  /home/student/<assignment>) holds a copy of the files handed in (nbgrader's
+  `autograded/<student>/<assignment>/`, bound read-only at /run/submission), so nothing the kernel
+  writes reaches autograded/, the formgrader or the feedback: nbgrader writes the graded notebook
+  from what it received, and autograded/ holds only what was handed in and the graded notebooks;
 - has no network (it talks to nbgrader over Unix sockets in a private folder instead of TCP), no
-  view of other processes, and no capabilities, even when autograde runs as root.
+  view of other processes, and no capabilities on the machine, even when autograde runs as root.
 
 Each sandbox is also bounded (SandboxedExecute, SandboxedKernelManager):
 - time: `SandboxedExecute.timeout` seconds per cell (default 60) and `submission_timeout` seconds
@@ -19,10 +22,26 @@ Each sandbox is also bounded (SandboxedExecute, SandboxedKernelManager):
   before are run again (their outputs kept from the first run), and grading goes on with the next
   cell. The cell that was stopped, and every cell left when the budget is used up, shows an error
   ("stopped after 60 s", "not run: ...") and so scores 0; finished cells keep their grades.
-- memory: `SandboxedKernelManager.memory_limit_gib` (default 2 GiB) per kernel
-  (RLIMIT_DATA: heap and anonymous memory, about what it holds in RAM; the libraries it maps
-  do not count): an allocation beyond it raises MemoryError in the student's code, which the cell
-  reports as "exceeded 2 GiB".
+- memory and processes, for the whole sandbox (the kernel and every process it starts): where the
+  grader can make control groups (cgroup v1 as root; a v2 group delegated to the grader), each
+  sandbox gets one of its own with `SandboxedKernelManager.memory_limit_gib` (default 2 GiB; swap
+  included where the kernel accounts it) and `tasks_limit` (default 64 processes and threads), and
+  the group is removed with the kernel (also when the kernel was killed). Beyond the memory the
+  kernel's OOM killer stops a process of the sandbox (a child, or the kernel: "exceeded 2 GiB");
+  beyond the tasks fork() fails. Each process is also held to `memory_limit_gib` of allocations
+  (RLIMIT_DATA: heap and anonymous memory; beyond it MemoryError, which the cell reports as
+  "exceeded 2 GiB"). Without control groups (`use_cgroup = False`, or none can be made) only the
+  per-process limits hold: RLIMIT_DATA for each process, and `tasks_limit` as RLIMIT_NPROC counted
+  in the sandbox's own user namespace; a root grader's kernel then runs as `sandbox_uid` (65534),
+  since root is exempt from RLIMIT_NPROC. Which one is in force is logged for every kernel.
+- disk: /tmp, /var/tmp, /dev/shm and HOME are tmpfs of `tmp_size_mib` (256 MiB) each, the working
+  folder one of `work_size_mib` (256 MiB), /dev is read-only, and a process may write no file
+  larger than `file_size_mib` (64 MiB, RLIMIT_FSIZE; the write fails with "File too large").
+- output: `SandboxedExecute.cell_output_mib` (1 MiB) of a cell's output is kept and
+  `notebook_output_mib` (10 MiB) of the notebook's; the rest is dropped as it arrives, with a
+  notice at the end of the cell's outputs saying how much ("[grading: 199.0 MiB more output of
+  this cell dropped: ...]"). Errors are kept (message and traceback cut to 64 KiB), so a test cell
+  that fails still scores 0.
 - environment: the kernel gets only the variables named in `SandboxedKernelManager.env_keep`
   (PATH, PYTHONPATH, locale, numba's and the BLAS libraries' settings, NBGRADER_EXECUTION), with one
   BLAS/numba thread unless configured otherwise.
