@@ -23,7 +23,8 @@ Each sandbox is also bounded (SandboxedExecute, SandboxedKernelManager):
   cell. The cell that was stopped, and every cell left when the budget is used up, shows an error
   ("stopped after 60 s", "not run: ...") and so scores 0; finished cells keep their grades.
 - memory and processes, for the whole sandbox (the kernel and every process it starts): where the
-  grader can make control groups (cgroup v1 as root; a v2 group delegated to the grader), each
+  grader can make control groups (cgroup v1 as root; a v2 group delegated to the grader; else a
+  transient systemd scope, `systemd-run --scope`, where systemd runs the machine), each
   sandbox gets one of its own with `SandboxedKernelManager.memory_limit_gib` (default 2 GiB; swap
   included where the kernel accounts it) and `tasks_limit` (default 64 processes and threads), and
   the group is removed with the kernel (also when the kernel was killed). Beyond the memory the
@@ -74,6 +75,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -376,6 +378,42 @@ def _prune_cgroups(parent, age=60.0):
                     os.rmdir(path)                          # fails unless empty
 
 
+_SYSTEMD = {}
+
+
+def _systemd_scope(memory_bytes, tasks):
+    """The systemd-run command that runs a command in a transient scope of its own with these
+    limits (cgroup v2 under systemd, where the grader cannot make groups itself), and the scope's
+    name; None where systemd does not run or refuses (tried once per process)."""
+    exe = shutil.which("systemd-run")
+    if exe is None or not os.path.isdir("/run/systemd/system"):
+        return None
+    user = ["--user"] if os.geteuid() != 0 else []
+    props = []
+    if memory_bytes:
+        props += ["-p", f"MemoryMax={memory_bytes}", "-p", "MemorySwapMax=0"]
+    if tasks:
+        props += ["-p", f"TasksMax={tasks}"]
+    base = [exe, *user, "--scope", "--quiet", "--collect", *props]
+    if "ok" not in _SYSTEMD:
+        try:
+            probe = subprocess.run(base + ["--", "/bin/true"], capture_output=True, timeout=30)
+            _SYSTEMD["ok"] = probe.returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            _SYSTEMD["ok"] = False
+    if not _SYSTEMD["ok"]:
+        return None
+    Cgroup._count += 1
+    unit = f"{CGROUP_PREFIX}-{os.getpid()}-{Cgroup._count}-{os.urandom(3).hex()}"
+    return base + ["--unit", unit, "--"], unit
+
+
+def _stop_scope(unit):
+    user = ["--user"] if os.geteuid() != 0 else []
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(["systemctl", *user, "stop", f"{unit}.scope"], capture_output=True, timeout=30)
+
+
 # the bounds the last kernel of this process started with (grade.py's log and summary)
 LAST_BOUNDS = None
 
@@ -419,6 +457,7 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     _sandbox_dir = None
     _cgroup = None
+    _scope = None
     bounds = None
 
     def _bwrap_path(self):
@@ -474,14 +513,19 @@ class SandboxedKernelManager(AsyncKernelManager):
                 outer["join"] = self._cgroup.join_files()
             except CgroupUnavailable as exc:
                 reason = str(exc)
+                scope = _systemd_scope(memory, tasks)
+                if scope is not None:
+                    scope_cmd, self._scope = scope
         limits = f"{_gib(self.memory_limit_gib) if memory else 'no memory limit'}, {tasks or 'any number of'} tasks"
         if self._cgroup is not None:
             self.bounds = f"cgroup {self._cgroup.version} for the whole sandbox ({limits})"
+        elif self._scope is not None:
+            self.bounds = f"systemd scope {self._scope} for the whole sandbox ({limits})"
         if bwrap is not None:
             cwd = os.path.abspath(kw.get("cwd") or os.getcwd())
             inner = {"copy_from": SUBMISSION, "rlimits": {}}
             uid = None
-            if self._cgroup is None:
+            if self._cgroup is None and self._scope is None:
                 # no group: processes counted by RLIMIT_NPROC in the sandbox's own user
                 # namespace; root is exempt from it, so a root grader's kernel runs as a user
                 if tasks:
@@ -499,13 +543,15 @@ class SandboxedKernelManager(AsyncKernelManager):
             if uid is not None:
                 for path in (self._sandbox_dir, self.connection_file):
                     os.chown(path, uid, uid)
-        elif self._cgroup is None:
+        elif self._cgroup is None and self._scope is None:
             self.bounds = f"per process (RLIMIT_DATA {_gib(self.memory_limit_gib) if memory else 'none'}); no cgroup: {reason}"
         kw["env"] = env
         self.log.info("sandbox bounds: %s", self.bounds)
         LAST_BOUNDS = self.bounds
         if outer.get("rlimits") or outer.get("join") or outer.get("work"):
             cmd = [sys.executable, "-I", "-S", "-c", _LIMIT, json.dumps(outer)] + list(cmd)
+        if self._scope is not None:
+            cmd = scope_cmd + list(cmd)
         return cmd, kw
 
     def _environment(self, env):
@@ -528,6 +574,9 @@ class SandboxedKernelManager(AsyncKernelManager):
         return self._cgroup.oom_kills() if self._cgroup is not None else None
 
     def _remove_cgroup(self):
+        if self._scope is not None:
+            _stop_scope(self._scope)
+            self._scope = None
         if self._cgroup is not None:
             if not self._cgroup.remove():
                 self.log.warning("could not remove the sandbox's control group %s", self._cgroup.dirs)

@@ -715,3 +715,31 @@ def test_cgroups_removed_after_the_run(bounded):
     assert len(bounded["seen"]) >= 2 and not bounded["left"], (bounded["seen"], bounded["left"])
     assert T.grades(bounded["course"], "no_sigint") == {"partA_works": 0, "partB_works": 1, "partC_works": 1}
     assert "ignored the interrupt" in T.outputs(bounded["course"], "no_sigint", "partA_works")
+
+
+def test_output_cap_without_a_kernel():
+    """A cell keeps `cell_output_mib` of output (here 1 KiB), the notebook `notebook_output_mib`
+    (here 1.5 KiB); beyond, streams are cut and then dropped, with one notice that counts what was
+    dropped; an error is always kept."""
+    S = _sandbox_module()
+    nb = T.source_notebook()
+    ex = S.SandboxedExecute(cell_output_mib=1 / 1024, notebook_output_mib=1.5 / 1024)
+    ex.nb = nb
+    ex.reset_execution_trackers()
+    ex.clear_before_next_output = False      # as at the start of a cell
+
+    def msg(kind, **content):
+        return {"msg_type": kind, "header": {"msg_type": kind}, "parent_header": {"msg_id": "m"}, "content": content}
+
+    outs = []
+    for _ in range(3):
+        ex.output(outs, msg("stream", name="stdout", text="x" * 600), None, 1)
+    assert [len(o.get("text", "")) for o in outs[:2]] == [600, 424]
+    assert outs[2]["data"]["text/plain"] == ("[grading: 776 characters more output of this cell dropped: a cell keeps "
+                                             "at most 0.000976562 MiB of output, the notebook 0.00146484 MiB]")
+    ex.output(outs, msg("error", ename="AssertionError", evalue="y" * 10 ** 6, traceback=["t"] * 10), None, 1)
+    assert len(outs) == 4 and outs[3]["ename"] == "AssertionError" and len(outs[3]["evalue"]) < 70 * 1024
+    # the next cell has what the notebook has left: 1.5 KiB - 1 KiB (the error's message counts too)
+    other = []
+    ex.output(other, msg("display_data", data={"text/plain": "z" * 100}, metadata={}), None, 3)
+    assert len(other) == 1 and "more output of this cell dropped" in other[0]["data"]["text/plain"]
