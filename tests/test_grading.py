@@ -530,24 +530,28 @@ def test_active_types_are_dropped_without_a_kernel():
 
 
 # ---- bounds of a whole sandbox: processes it starts, files it writes, output it prints ------------
-MEM_BOMB = """import os, time
+# (each child holds its memory until every child has reported: all of them at once)
+MEM_BOMB = """import os
 def mul(a, b):
     kids = []
+    release_r, release_w = os.pipe()
     for i in range(8):
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
             try:
                 os.close(r)
+                os.close(release_w)
                 x = bytearray(200 * 2 ** 20)
                 x[::4096] = b'1' * len(x[::4096])       # every page touched
                 os.write(w, b'1')
-                time.sleep(3)
+                os.read(release_r, 1)                    # until the parent lets go
             finally:
                 os._exit(0)
         os.close(w)
         kids.append((pid, r))
     held = sum(len(os.read(r, 1)) for pid, r in kids)
+    os.close(release_w)
     for pid, r in kids:
         os.waitpid(pid, 0)
     print(f'{held} of 8 children held 200 MiB each')
