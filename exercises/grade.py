@@ -10,7 +10,9 @@
 
 Each worker process runs nbgrader's `autograde` for one student at a time, in-process (nbgrader's
 start is paid once per worker, not per submission), with the course's nbgrader_config.py: every
-submission runs in the sandbox of grading_sandbox.py, bounded in time and memory. All workers
+submission runs in the sandbox of grading_sandbox.py, bounded in time, memory, processes, disk
+and output (the summary and each submission's log say how: a control group per sandbox, or
+per-process limits where none can be made). All workers
 write the one gradebook (gradebook.db), each access under a file lock (gradebook.db.lock), so
 the gradebook, autograded/ and everything after (formgrader, generate_feedback, export) are as
 `nbgrader autograde` leaves them.
