@@ -502,8 +502,11 @@ class SandboxedKernelManager(AsyncKernelManager):
         outer = {"rlimits": {}}
         if memory:
             outer["rlimits"]["DATA"] = memory
-        if self.file_size_mib and self.file_size_mib > 0:
-            outer["rlimits"]["FSIZE"] = self.file_size_mib * 2 ** 20
+        # the largest file: set in the sandbox once the files handed in are copied (a data file
+        # handed in may be larger), or here without a sandbox
+        fsize = {"FSIZE": self.file_size_mib * 2 ** 20} if self.file_size_mib and self.file_size_mib > 0 else {}
+        if bwrap is None:
+            outer["rlimits"].update(fsize)
         # memory and tasks for the whole sandbox: a control group of its own
         self._remove_cgroup()
         reason = "cgroups turned off (SandboxedKernelManager.use_cgroup = False)"
@@ -523,7 +526,7 @@ class SandboxedKernelManager(AsyncKernelManager):
             self.bounds = f"systemd scope {self._scope} for the whole sandbox ({limits})"
         if bwrap is not None:
             cwd = os.path.abspath(kw.get("cwd") or os.getcwd())
-            inner = {"copy_from": SUBMISSION, "rlimits": {}}
+            inner = {"copy_from": SUBMISSION, "rlimits": dict(fsize)}
             uid = None
             if self._cgroup is None and self._scope is None:
                 # no group: processes counted by RLIMIT_NPROC in the sandbox's own user

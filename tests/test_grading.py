@@ -584,9 +584,25 @@ for i in range(200):
     sys.stdout.write('x' * 2 ** 20)
 def add(a, b):
     return a + b"""
+# a 100 MiB file, 6 x 60 MiB in /tmp, a file in /dev
+DISK = """import errno, os
+def try_write(path, mib):
+    try:
+        with open(path, 'wb') as fh:
+            for i in range(mib):
+                fh.write(b'x' * 2 ** 20)
+        return 'ok'
+    except OSError as exc:
+        size = os.path.getsize(path) if os.path.exists(path) else 0
+        return f'{errno.errorcode[exc.errno]} at {size // 2 ** 20} MiB'
+print('big file:', try_write('big.bin', 100))
+print('tmp:', [try_write(f'/tmp/p{i}.bin', 60) for i in range(6)])
+print('dev:', try_write('/dev/x.bin', 1))
+def add(a, b):
+    return a + b"""
 BOUNDED = {"good": {}, "mem_bomb": {"partB_answer": MEM_BOMB}, "pid_bomb": {"partC_answer": PID_BOMB},
            "files": {"partA_answer": FILES}, "printer": {"partA_answer": PRINTER},
-           "no_sigint": HOSTILE["no_sigint"]}
+           "no_sigint": HOSTILE["no_sigint"], "disk": {"partA_answer": DISK}}
 BOUND_LIMITS = ["--Execute.timeout=30", "--SandboxedKernelManager.memory_limit_gib=1"]
 
 
@@ -646,7 +662,7 @@ def bounded(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fallback(tmp_path_factory):
     """The same without control groups (as where the grader cannot make one)."""
-    return _grade_bounded(tmp_path_factory, "fallback", ["good", "pid_bomb", "files"],
+    return _grade_bounded(tmp_path_factory, "fallback", ["good", "pid_bomb", "files", "disk"],
                           BOUND_LIMITS + ["--SandboxedKernelManager.use_cgroup=False"])
 
 
@@ -695,6 +711,17 @@ def test_files_written_stay_in_the_sandbox(run, request):
     times = {m.group(1): float(m.group(2)) for m in re.finditer(r"stopped +toy (\w+) \((\d+) s\)", r["out"])}
     assert "files" not in times
     assert r["feedback_s"] < 60, r["feedback_s"]
+
+
+@pytest.mark.parametrize("run", ["bounded", "fallback"])
+def test_disk_is_bounded(run, request):
+    """A file stops at 64 MiB (RLIMIT_FSIZE), /tmp at 256 MiB (a tmpfs), /dev is not writable."""
+    course = request.getfixturevalue(run)["course"]
+    text = _stdout(course, "disk", "partA_answer")
+    assert "big file: EFBIG at 64 MiB" in text, text
+    assert "tmp: ['ok', 'ok', 'ok', 'ok', 'ENOSPC at 16 MiB', 'ENOSPC at 0 MiB']" in text, text
+    assert re.search(r"dev: (EROFS|EACCES)", text), text
+    assert T.grades(course, "disk") == {"partA_works": 1, "partB_works": 1, "partC_works": 1}
 
 
 def test_printed_output_is_capped(bounded):
