@@ -10,7 +10,9 @@
 
 Each worker process runs nbgrader's `autograde` for one student at a time, in-process (nbgrader's
 start is paid once per worker, not per submission), with the course's nbgrader_config.py: every
-submission runs in the sandbox of grading_sandbox.py, bounded in time and memory. All workers
+submission runs in the sandbox of grading_sandbox.py, bounded in time, memory, processes, disk
+and output (the summary and each submission's log say how: a control group per sandbox, or
+per-process limits where none can be made). All workers
 write the one gradebook (gradebook.db), each access under a file lock (gradebook.db.lock), so
 the gradebook, autograded/ and everything after (formgrader, generate_feedback, export) are as
 `nbgrader autograde` leaves them.
@@ -116,6 +118,12 @@ def _setup_worker(course):
     return _worker["started"]
 
 
+def _no_message_contents(record):
+    """Leave out nbclient's debug echo of every kernel message's content ("content: {...}"): it
+    repeats all the output a submission prints (200 MiB printed made a 200 MB log)."""
+    return not (record.levelno == logging.DEBUG and record.msg == "content: %s")
+
+
 def grade_one(course, assignment, student, nbgrader_args=()):
     """nbgrader autograde ASSIGNMENT --student=STUDENT --force, in this process; returns what the
     summary needs."""
@@ -138,6 +146,7 @@ def _grade_one(course, assignment, student, nbgrader_args):
     # handler reopens its file only in append mode
     handler = logging.FileHandler(log_path, mode="a")
     handler.setFormatter(logging.Formatter("[%(name)s | %(levelname)s] %(message)s"))
+    handler.addFilter(_no_message_contents)
     app = AutogradeApp()
     code = 0
     with open(os.devnull, "w") as null, contextlib.redirect_stderr(null), contextlib.redirect_stdout(null):
@@ -155,6 +164,11 @@ def _grade_one(course, assignment, student, nbgrader_args):
             handler.close()
             app.log.handlers[:] = []
             app.clear_instance()
+    # how the sandbox was bounded (grading_sandbox's record of the last kernel started here)
+    bounds = getattr(sys.modules.get("grading_sandbox"), "LAST_BOUNDS", None)
+    if bounds:
+        with open(log_path, "a") as fh:
+            fh.write(f"[grade.py | INFO] sandbox bounds: {bounds}\n")
     stopped = []
     for path in glob.glob(os.path.join(course, "autograded", student, assignment, "*.ipynb")):
         with open(path) as fh:
@@ -173,7 +187,7 @@ def _grade_one(course, assignment, student, nbgrader_args):
     elif os.path.exists(record):
         os.remove(record)
     return dict(assignment=assignment, student=student, ok=graded, seconds=time.perf_counter() - t0,
-                stopped=stopped, log=log_path, worker_start=setup, pid=os.getpid())
+                stopped=stopped, log=log_path, worker_start=setup, pid=os.getpid(), bounds=bounds)
 
 
 # ---- in the parent ------------------------------------------------------------------------------
@@ -336,6 +350,8 @@ def summary(results, wall, out=sys.stdout):
     if starts:
         print(f"worker start (nbgrader import), once per worker: {statistics.mean(starts.values()):.1f} s "
               f"x {len(starts)}", file=out)
+    for bounds in sorted({r["bounds"] for r in results if r.get("bounds")}):
+        print(f"sandbox bounds: {bounds}", file=out)
     for r in stopped:
         print(f"  stopped  {r['assignment']} {r['student']} ({r['seconds']:.0f} s):", file=out)
         for line in r["stopped"]:

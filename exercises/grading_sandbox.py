@@ -6,11 +6,14 @@ each kernel starts inside a bubblewrap sandbox where it
   (its virtual environment and base installation), gpclab.py with its `__pycache__` and numba's
   cache folder (`$NUMBA_CACHE_DIR`), all read-only, and nothing else of the machine: no home
   folders, no /work or /srv, no course folder (source/, submitted/, gradebook.db), no exchange;
-- writes only to its own working folder (`autograded/<student>/<assignment>/`, which holds a copy
-  of the submission's files; the kernel sees it as /home/student/<assignment>) and to a private,
-  empty HOME and /tmp that vanish with it;
+- writes only to its own working folder and to a private, empty HOME, /tmp, /var/tmp and /dev/shm,
+  all tmpfs that vanish with it; the working folder (the kernel sees it as
+  /home/student/<assignment>) holds a copy of the files handed in (nbgrader's
+  `autograded/<student>/<assignment>/`, bound read-only at /run/submission), so nothing the kernel
+  writes reaches autograded/, the formgrader or the feedback: nbgrader writes the graded notebook
+  from what it received, and autograded/ holds only what was handed in and the graded notebooks;
 - has no network (it talks to nbgrader over Unix sockets in a private folder instead of TCP), no
-  view of other processes, and no capabilities, even when autograde runs as root.
+  view of other processes, and no capabilities on the machine, even when autograde runs as root.
 
 Each sandbox is also bounded (SandboxedExecute, SandboxedKernelManager):
 - time: `SandboxedExecute.timeout` seconds per cell (default 60) and `submission_timeout` seconds
@@ -19,10 +22,27 @@ Each sandbox is also bounded (SandboxedExecute, SandboxedKernelManager):
   before are run again (their outputs kept from the first run), and grading goes on with the next
   cell. The cell that was stopped, and every cell left when the budget is used up, shows an error
   ("stopped after 60 s", "not run: ...") and so scores 0; finished cells keep their grades.
-- memory: `SandboxedKernelManager.memory_limit_gib` (default 2 GiB) per kernel
-  (RLIMIT_DATA: heap and anonymous memory, about what it holds in RAM; the libraries it maps
-  do not count): an allocation beyond it raises MemoryError in the student's code, which the cell
-  reports as "exceeded 2 GiB".
+- memory and processes, for the whole sandbox (the kernel and every process it starts): where the
+  grader can make control groups (cgroup v1 as root; a v2 group delegated to the grader; else a
+  transient systemd scope, `systemd-run --scope`, where systemd runs the machine), each
+  sandbox gets one of its own with `SandboxedKernelManager.memory_limit_gib` (default 2 GiB; swap
+  included where the kernel accounts it) and `tasks_limit` (default 64 processes and threads), and
+  the group is removed with the kernel (also when the kernel was killed). Beyond the memory the
+  kernel's OOM killer stops a process of the sandbox (a child, or the kernel: "exceeded 2 GiB");
+  beyond the tasks fork() fails. Each process is also held to `memory_limit_gib` of allocations
+  (RLIMIT_DATA: heap and anonymous memory; beyond it MemoryError, which the cell reports as
+  "exceeded 2 GiB"). Without control groups (`use_cgroup = False`, or none can be made) only the
+  per-process limits hold: RLIMIT_DATA for each process, and `tasks_limit` as RLIMIT_NPROC counted
+  in the sandbox's own user namespace; a root grader's kernel then runs as `sandbox_uid` (65534),
+  since root is exempt from RLIMIT_NPROC. Which one is in force is logged for every kernel.
+- disk: /tmp, /var/tmp, /dev/shm and HOME are tmpfs of `tmp_size_mib` (256 MiB) each, the working
+  folder one of `work_size_mib` (256 MiB), /dev is read-only, and a process may write no file
+  larger than `file_size_mib` (64 MiB, RLIMIT_FSIZE; the write fails with "File too large").
+- output: `SandboxedExecute.cell_output_mib` (1 MiB) of a cell's output is kept and
+  `notebook_output_mib` (10 MiB) of the notebook's; the rest is dropped as it arrives, with a
+  notice at the end of the cell's outputs saying how much ("[grading: 199.0 MiB more output of
+  this cell dropped: ...]"). Errors are kept (message and traceback cut to 64 KiB), so a test cell
+  that fails still scores 0.
 - environment: the kernel gets only the variables named in `SandboxedKernelManager.env_keep`
   (PATH, PYTHONPATH, locale, numba's and the BLAS libraries' settings, NBGRADER_EXECUTION), with one
   BLAS/numba thread unless configured otherwise.
@@ -51,13 +71,17 @@ in isolation (e.g. a container per submission) opts out in nbgrader_config.py wi
 """
 import asyncio
 import base64
+import contextlib
 import copy
 import importlib.util
 import io
+import json
 import math
 import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -85,12 +109,73 @@ ENV_KEEP = ("PATH", "PYTHONPATH", "JPY_PARENT_PID", "LANG", "LANGUAGE", "LC_ALL"
             "MPLBACKEND", "PYTHONHASHSEED", "NUMBA_*")
 # one thread each unless the grader's environment says otherwise: graded kernels run side by side
 THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
-# sets the memory limit, then becomes the sandbox (the limit holds for everything in it)
-_LIMIT = "import os, resource, sys; n = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_DATA, (n, n)); os.execv(sys.argv[2], sys.argv[2:])"
+# Run before bubblewrap, as the grader (python -I -S -c _LIMIT SPEC CMD...): joins the sandbox's
+# control group (everything started from here on is counted in it), sets the per-process limits,
+# opens the working folder (bound into the sandbox by its descriptor); then becomes bubblewrap.
+_LIMIT = """\
+import json, os, resource, sys
+spec, cmd = json.loads(sys.argv[1]), sys.argv[2:]
+for path in spec.get("join", ()):
+    with open(path, "w") as fh:
+        fh.write(str(os.getpid()))
+for name, n in spec.get("rlimits", {}).items():
+    resource.setrlimit(getattr(resource, "RLIMIT_" + name), (n, n))
+if spec.get("work"):
+    fd = os.open(spec["work"], os.O_RDONLY | os.O_DIRECTORY)
+    os.set_inheritable(fd, True)
+    cmd = [str(fd) if a == "@WORKFD@" else a for a in cmd]
+os.execv(cmd[0], cmd)
+"""
+# Run inside the sandbox before the kernel (python -I -S -c _INNER SPEC CMD...): copies the files
+# handed in (bound read-only at SUBMISSION) into the working folder, a size-capped tmpfs, sets the
+# limits that must be counted inside the sandbox (RLIMIT_NPROC in the fallback, as an unprivileged
+# user when the grader is root), becomes the kernel.
+_INNER = """\
+import json, os, resource, shutil, sys
+spec, cmd = json.loads(sys.argv[1]), sys.argv[2:]
+src = spec["copy_from"]
+for name in sorted(os.listdir(src)):
+    path = os.path.join(src, name)
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.copytree(path, name, symlinks=True)
+        else:
+            shutil.copy2(path, name, follow_symlinks=False)
+    except OSError as exc:
+        print(f"grading sandbox: {name} was not copied into the working folder: {exc}", file=sys.stderr)
+uid = spec.get("uid")
+if uid is not None:
+    # the fallback of a root grader: the kernel becomes an unprivileged user (root is exempt from
+    # RLIMIT_NPROC) in a user namespace of its own (so that only this sandbox's processes count)
+    for base, dirs, files in os.walk("."):
+        for name in dirs + files:
+            os.chown(os.path.join(base, name), uid, uid, follow_symlinks=False)
+    for path in spec["own"]:
+        os.chown(path, uid, uid)
+    for path in spec["shared"]:
+        os.chmod(path, 0o1777)
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    import ctypes
+    if ctypes.CDLL(None, use_errno=True).unshare(0x10000000) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER) failed")
+for name, n in spec.get("rlimits", {}).items():
+    resource.setrlimit(getattr(resource, "RLIMIT_" + name), (n, n))
+os.execv(cmd[0], cmd)
+"""
+# where the kernel sees the files handed in (read-only); its working folder holds a copy of them
+SUBMISSION = "/run/submission"
+# the prefix of the control groups made for sandboxes (then the grader's pid and a counter)
+CGROUP_PREFIX = "gpclab-sandbox"
 
 
 def _gib(x):
     return f"{x:g} GiB"
+
+
+def _mib(n):
+    return f"{n / 2 ** 20:g} MiB"
 
 
 def _launcher_by_path(cmd, env):
@@ -108,6 +193,237 @@ def _launcher_by_path(cmd, env):
     return cmd
 
 
+# ---- control groups: memory and processes counted for a whole sandbox ------------------------------
+class CgroupUnavailable(RuntimeError):
+    pass
+
+
+def _cgroup_mounts():
+    """[(mount point, file system type, super options, root within the hierarchy)] of the cgroup
+    file systems this process sees."""
+    found = []
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            left, _, right = line.partition(" - ")
+            fields, tail = left.split(), right.split()
+            if tail and tail[0] in ("cgroup", "cgroup2"):
+                found.append((fields[4].replace("\\040", " "), tail[0],
+                              tail[2].split(",") if len(tail) > 2 else [], fields[3]))
+    return found
+
+
+def _own_cgroups():
+    """{controller: this process's group} ('' for the unified, version 2, hierarchy)."""
+    own = {}
+    with open("/proc/self/cgroup") as fh:
+        for line in fh:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            for c in controllers.split(",") if controllers else [""]:
+                own[c] = path
+    return own
+
+
+def _under(mount, root, path):
+    rel = path[len(root):] if root != "/" and path.startswith(root) else path
+    return os.path.join(mount, rel.lstrip("/"))
+
+
+def _cgroup_parents():
+    """('v1', {'memory': folder, 'pids': folder}) or ('v2', {'': folder}): where this process may
+    make its sandboxes' groups (below its own group); CgroupUnavailable says why not."""
+    try:
+        mounts, own = _cgroup_mounts(), _own_cgroups()
+    except OSError as exc:
+        raise CgroupUnavailable(f"cannot read this process's control groups: {exc}") from None
+    v1 = {}
+    for point, fstype, options, root in mounts:
+        for ctrl in ("memory", "pids"):
+            if fstype == "cgroup" and ctrl in options and ctrl in own:
+                v1[ctrl] = _under(point, root, own[ctrl])
+    if len(v1) == 2 and all(os.path.isdir(d) for d in v1.values()):
+        if all(os.access(d, os.W_OK) for d in v1.values()):
+            return "v1", v1
+        raise CgroupUnavailable(f"no permission to make control groups in {', '.join(sorted(v1.values()))}")
+    for point, fstype, options, root in mounts:
+        if fstype == "cgroup2" and "" in own:
+            parent = _under(point, root, own[""])
+            try:
+                with open(os.path.join(parent, "cgroup.controllers")) as fh:
+                    available = fh.read().split()
+            except OSError:
+                continue
+            if not {"memory", "pids"} <= set(available):
+                continue
+            if not os.access(parent, os.W_OK):
+                raise CgroupUnavailable(f"no permission to make control groups in {parent} (not delegated)")
+            return "v2", {"": parent}
+    raise CgroupUnavailable("no memory and pids controllers (cgroup v1 or v2) this process may use")
+
+
+class Cgroup:
+    """One sandbox's control group: its memory (with swap, where the kernel accounts it) and its
+    number of tasks (processes and threads) are limited for everything started in it."""
+
+    _count = 0
+
+    def __init__(self, version, dirs):
+        self.version, self.dirs = version, dict(dirs)
+
+    @classmethod
+    def create(cls, memory_bytes, tasks):
+        version, parents = _cgroup_parents()
+        cls._count += 1
+        name = f"{CGROUP_PREFIX}-{os.getpid()}-{cls._count}-{os.urandom(3).hex()}"
+        group = cls(version, {})
+        try:
+            for ctrl, parent in parents.items():
+                _prune_cgroups(parent)
+                path = os.path.join(parent, name)
+                os.mkdir(path)
+                group.dirs[ctrl] = path
+            group._limit(memory_bytes, tasks)
+        except OSError as exc:
+            group.remove()
+            raise CgroupUnavailable(f"cannot make a control group ({version}): {exc}") from None
+        return group
+
+    def _write(self, ctrl, name, value):
+        with open(os.path.join(self.dirs[ctrl], name), "w") as fh:
+            fh.write(str(value))
+
+    def _limit(self, memory_bytes, tasks):
+        if self.version == "v1":
+            if memory_bytes:
+                self._write("memory", "memory.limit_in_bytes", memory_bytes)
+                if os.path.exists(os.path.join(self.dirs["memory"], "memory.memsw.limit_in_bytes")):
+                    self._write("memory", "memory.memsw.limit_in_bytes", memory_bytes)
+            if tasks:
+                self._write("pids", "pids.max", tasks)
+        else:
+            parent = os.path.dirname(self.dirs[""])
+            with open(os.path.join(parent, "cgroup.subtree_control")) as fh:
+                enabled = set(fh.read().split())
+            missing = {"memory", "pids"} - enabled
+            if missing:        # fails (EBUSY) where the parent holds processes itself
+                with open(os.path.join(parent, "cgroup.subtree_control"), "w") as fh:
+                    fh.write(" ".join("+" + c for c in sorted(missing)))
+            if memory_bytes:
+                self._write("", "memory.max", memory_bytes)
+                if os.path.exists(os.path.join(self.dirs[""], "memory.swap.max")):
+                    self._write("", "memory.swap.max", 0)
+            if tasks:
+                self._write("", "pids.max", tasks)
+
+    def join_files(self):
+        """The files a process writes its pid into to enter the group."""
+        return [os.path.join(d, "cgroup.procs") for d in self.dirs.values()]
+
+    def pids(self):
+        found = set()
+        for path in self.join_files():
+            with contextlib.suppress(OSError, ValueError), open(path) as fh:
+                found.update(int(x) for x in fh.read().split())
+        return found
+
+    def oom_kills(self):
+        """How many processes of the group the kernel's OOM killer stopped (None: not known)."""
+        ctrl = "memory" if self.version == "v1" else ""
+        name = "memory.oom_control" if self.version == "v1" else "memory.events"
+        with contextlib.suppress(OSError, KeyError, ValueError), open(os.path.join(self.dirs[ctrl], name)) as fh:
+            for line in fh:
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        return None
+
+    def remove(self, timeout=10.0):
+        """Stop every process left in the group and remove it; False if it could not be removed."""
+        deadline = time.monotonic() + timeout
+        while self.dirs:
+            kill = os.path.join(self.dirs.get("", ""), "cgroup.kill")
+            if self.version == "v2" and os.path.exists(kill):
+                with contextlib.suppress(OSError), open(kill, "w") as fh:
+                    fh.write("1")
+            for pid in self.pids():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            for ctrl, path in list(self.dirs.items()):
+                try:
+                    os.rmdir(path)
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    continue
+                del self.dirs[ctrl]
+            if not self.dirs or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        return not self.dirs
+
+
+def _prune_cgroups(parent, age=60.0):
+    """Remove empty sandbox groups in `parent` left by graders that were killed (a group of a
+    process that still runs, or younger than `age` seconds, is left alone)."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(parent):
+            if not name.startswith(CGROUP_PREFIX + "-"):
+                continue
+            try:
+                pid = int(name.split("-")[2])
+                os.kill(pid, 0)
+                continue                                    # its grader runs
+            except (ValueError, IndexError):
+                continue
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+            path = os.path.join(parent, name)
+            with contextlib.suppress(OSError):
+                if time.time() - os.stat(path).st_mtime > age:
+                    os.rmdir(path)                          # fails unless empty
+
+
+_SYSTEMD = {}
+
+
+def _systemd_scope(memory_bytes, tasks):
+    """The systemd-run command that runs a command in a transient scope of its own with these
+    limits (cgroup v2 under systemd, where the grader cannot make groups itself), and the scope's
+    name; None where systemd does not run or refuses (tried once per process)."""
+    exe = shutil.which("systemd-run")
+    if exe is None or not os.path.isdir("/run/systemd/system"):
+        return None
+    user = ["--user"] if os.geteuid() != 0 else []
+    props = []
+    if memory_bytes:
+        props += ["-p", f"MemoryMax={memory_bytes}", "-p", "MemorySwapMax=0"]
+    if tasks:
+        props += ["-p", f"TasksMax={tasks}"]
+    base = [exe, *user, "--scope", "--quiet", "--collect", *props]
+    if "ok" not in _SYSTEMD:
+        try:
+            probe = subprocess.run(base + ["--", "/bin/true"], capture_output=True, timeout=30)
+            _SYSTEMD["ok"] = probe.returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            _SYSTEMD["ok"] = False
+    if not _SYSTEMD["ok"]:
+        return None
+    Cgroup._count += 1
+    unit = f"{CGROUP_PREFIX}-{os.getpid()}-{Cgroup._count}-{os.urandom(3).hex()}"
+    return base + ["--unit", unit, "--"], unit
+
+
+def _stop_scope(unit):
+    user = ["--user"] if os.geteuid() != 0 else []
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(["systemctl", *user, "stop", f"{unit}.scope"], capture_output=True, timeout=30)
+
+
+# the bounds the last kernel of this process started with (grade.py's log and summary)
+LAST_BOUNDS = None
+
+
 class SandboxedKernelManager(AsyncKernelManager):
     """A kernel manager whose kernels run under bubblewrap (see the module's docstring)."""
 
@@ -122,13 +438,33 @@ class SandboxedKernelManager(AsyncKernelManager):
         "More paths hidden from the kernel even if they lie inside a visible one "
         "(the course root and the exchange root are always hidden).")).tag(config=True)
     memory_limit_gib = Float(2.0, help=(
-        "The memory a kernel may allocate, in GiB (RLIMIT_DATA: heap and anonymous mappings); beyond "
-        "it allocations raise MemoryError. 0: no limit.")).tag(config=True)
+        "The memory a sandbox may use, in GiB: for all its processes together (a control group, "
+        "where the grader can make one), and for each process's allocations (RLIMIT_DATA: heap and "
+        "anonymous mappings), beyond which they raise MemoryError. 0: no limit.")).tag(config=True)
+    tasks_limit = Integer(64, help=(
+        "Processes and threads a sandbox may run at once (a control group's pids.max; without "
+        "one, RLIMIT_NPROC counted in the sandbox). 0: no limit.")).tag(config=True)
+    use_cgroup = Bool(True, help=(
+        "Bound each sandbox by a control group of its own when the grader can make one (cgroup v1 "
+        "or a delegated v2); False: per-process limits only.")).tag(config=True)
+    sandbox_uid = Integer(65534, help=(
+        "Without a control group, a grader running as root runs the sandbox as this unprivileged "
+        "user, so that RLIMIT_NPROC applies (root is exempt from it).")).tag(config=True)
+    tmp_size_mib = Integer(256, help=(
+        "Size of the sandbox's /tmp, /var/tmp, /dev/shm and home (each a tmpfs), MiB.")).tag(config=True)
+    work_size_mib = Integer(256, help=(
+        "Size of the working folder (a tmpfs holding a copy of the files handed in; what the "
+        "kernel writes there vanishes with it), MiB.")).tag(config=True)
+    file_size_mib = Integer(64, help=(
+        "The largest file a sandbox's process may write (RLIMIT_FSIZE), MiB. 0: no limit.")).tag(config=True)
     env_keep = List(Unicode(), list(ENV_KEEP), help=(
         "The environment variables a kernel keeps from the grader's (a trailing * matches a "
         "prefix); all others are dropped.")).tag(config=True)
 
     _sandbox_dir = None
+    _cgroup = None
+    _scope = None
+    bounds = None
 
     def _bwrap_path(self):
         found = shutil.which(self.bwrap)
@@ -144,6 +480,7 @@ class SandboxedKernelManager(AsyncKernelManager):
         return found
 
     async def _async_pre_start_kernel(self, **kw):
+        global LAST_BOUNDS
         bwrap = self._bwrap_path()
         if bwrap is not None:
             # a private folder for the connection file and the kernel's Unix sockets: the
@@ -165,14 +502,65 @@ class SandboxedKernelManager(AsyncKernelManager):
         # start-up (IPython adds it back afterwards, as in every Jupyter kernel)
         cmd = _launcher_by_path(cmd, env)
         env["PYTHONSAFEPATH"] = "1"
+        cmd = [shutil.which(cmd[0], path=env.get("PATH")) or cmd[0]] + list(cmd[1:])
+        memory = int(self.memory_limit_gib * 2 ** 30) if self.memory_limit_gib and self.memory_limit_gib > 0 else 0
+        tasks = max(0, self.tasks_limit or 0)
+        outer = {"rlimits": {}}
+        if memory:
+            outer["rlimits"]["DATA"] = memory
+        # the largest file: set in the sandbox once the files handed in are copied (a data file
+        # handed in may be larger), or here without a sandbox
+        fsize = {"FSIZE": self.file_size_mib * 2 ** 20} if self.file_size_mib and self.file_size_mib > 0 else {}
+        if bwrap is None:
+            outer["rlimits"].update(fsize)
+        # memory and tasks for the whole sandbox: a control group of its own
+        self._remove_cgroup()
+        reason = "cgroups turned off (SandboxedKernelManager.use_cgroup = False)"
+        if self.use_cgroup and (memory or tasks):
+            try:
+                self._cgroup = Cgroup.create(memory, tasks)
+                outer["join"] = self._cgroup.join_files()
+            except CgroupUnavailable as exc:
+                reason = str(exc)
+                scope = _systemd_scope(memory, tasks)
+                if scope is not None:
+                    scope_cmd, self._scope = scope
+        limits = f"{_gib(self.memory_limit_gib) if memory else 'no memory limit'}, {tasks or 'any number of'} tasks"
+        if self._cgroup is not None:
+            self.bounds = f"cgroup {self._cgroup.version} for the whole sandbox ({limits})"
+        elif self._scope is not None:
+            self.bounds = f"systemd scope {self._scope} for the whole sandbox ({limits})"
         if bwrap is not None:
             cwd = os.path.abspath(kw.get("cwd") or os.getcwd())
-            cmd, env = self._wrap(bwrap, cmd, cwd, env)
+            inner = {"copy_from": SUBMISSION, "rlimits": dict(fsize)}
+            uid = None
+            if self._cgroup is None and self._scope is None:
+                # no group: processes counted by RLIMIT_NPROC in the sandbox's own user
+                # namespace; root is exempt from it, so a root grader's kernel runs as a user
+                if tasks:
+                    inner["rlimits"]["NPROC"] = tasks
+                    if os.geteuid() == 0:
+                        uid = self.sandbox_uid
+                        inner.update(uid=uid, own=[".", HOME], shared=["/tmp", "/var/tmp", "/dev/shm"])
+                self.bounds = (f"per process (RLIMIT_DATA {_gib(self.memory_limit_gib) if memory else 'none'}), "
+                               + (f"RLIMIT_NPROC {tasks} in the sandbox" + (f" as uid {uid}" if uid is not None else "")
+                                  if tasks else "processes unbounded")
+                               + f"; no cgroup: {reason}")
+            outer["work"] = cwd
+            cmd, env = self._wrap(bwrap, cmd, cwd, env, inner, uid)
             kw["cwd"] = cwd
+            if uid is not None:
+                for path in (self._sandbox_dir, self.connection_file):
+                    os.chown(path, uid, uid)
+        elif self._cgroup is None and self._scope is None:
+            self.bounds = f"per process (RLIMIT_DATA {_gib(self.memory_limit_gib) if memory else 'none'}); no cgroup: {reason}"
         kw["env"] = env
-        if self.memory_limit_gib and self.memory_limit_gib > 0:
-            exe = shutil.which(cmd[0], path=env.get("PATH")) or cmd[0]
-            cmd = [sys.executable, "-c", _LIMIT, str(int(self.memory_limit_gib * 2 ** 30)), exe] + list(cmd[1:])
+        self.log.info("sandbox bounds: %s", self.bounds)
+        LAST_BOUNDS = self.bounds
+        if outer.get("rlimits") or outer.get("join") or outer.get("work"):
+            cmd = [sys.executable, "-I", "-S", "-c", _LIMIT, json.dumps(outer)] + list(cmd)
+        if self._scope is not None:
+            cmd = scope_cmd + list(cmd)
         return cmd, kw
 
     def _environment(self, env):
@@ -186,8 +574,22 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     async def _async_cleanup_resources(self, restart=False):
         await super()._async_cleanup_resources(restart=restart)
+        self._remove_cgroup()
         if not restart:
             self._remove_sandbox_dir()
+
+    def oom_kills(self):
+        """How many of the sandbox's processes were stopped at its memory limit (None: no group)."""
+        return self._cgroup.oom_kills() if self._cgroup is not None else None
+
+    def _remove_cgroup(self):
+        if self._scope is not None:
+            _stop_scope(self._scope)
+            self._scope = None
+        if self._cgroup is not None:
+            if not self._cgroup.remove():
+                self.log.warning("could not remove the sandbox's control group %s", self._cgroup.dirs)
+            self._cgroup = None
 
     def _remove_sandbox_dir(self):
         if self._sandbox_dir is not None:
@@ -226,11 +628,21 @@ class SandboxedKernelManager(AsyncKernelManager):
             hidden.add(os.path.dirname(db[len("sqlite:///"):]))
         return sorted(os.path.abspath(p) for p in hidden if p and os.path.isdir(p))
 
-    def _wrap(self, bwrap, cmd, cwd, env):
-        """The bubblewrap command around `cmd`, and the kernel's environment."""
-        args = [bwrap, "--die-with-parent", "--new-session", "--unshare-all", "--cap-drop", "ALL",
-                "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp",
-                "--tmpfs", "/home", "--dir", HOME]
+    def _wrap(self, bwrap, cmd, cwd, env, inner=None, uid=None):
+        """The bubblewrap command around `cmd`, and the kernel's environment. The files handed in
+        (`cwd`) are bound read-only at SUBMISSION, by the descriptor _LIMIT opens (@WORKFD@), and
+        copied by _INNER into the working folder, a tmpfs of `work_size_mib`."""
+        tmp = ["--size", str(max(1, self.tmp_size_mib) * 2 ** 20)] if self.tmp_size_mib > 0 else []
+        if uid is None:
+            isolate = ["--unshare-all", "--cap-drop", "ALL"]
+        else:
+            # as root without a user namespace of bubblewrap's (it would map uid 0 only): _INNER
+            # needs to hand the folders to `uid` and become it, then makes its own user namespace
+            isolate = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+                       "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+                       "--cap-add", "CAP_CHOWN"]
+        args = [bwrap, "--die-with-parent", "--new-session", *isolate, "--proc", "/proc", "--dev", "/dev", *tmp, "--tmpfs", "/dev/shm", *tmp, "--tmpfs", "/tmp",
+                *tmp, "--tmpfs", "/var/tmp", *tmp, "--tmpfs", "/home", "--dir", HOME]
         visible = []
         for name in SYSTEM_PATHS:
             path = "/" + name
@@ -239,7 +651,18 @@ class SandboxedKernelManager(AsyncKernelManager):
             elif os.path.isdir(path):
                 args += ["--ro-bind", path, path]
                 visible.append(path)
-        for path in self._readable_paths(cmd, env):
+        readable = self._readable_paths(cmd, env)
+        if uid is not None:
+            # the folders above them, which bubblewrap would make private (mode 700), open to `uid`
+            above = set()
+            for path in readable:
+                folder = os.path.dirname(path)
+                while folder not in ("/", "") and folder.split("/")[1] not in SYSTEM_PATHS:
+                    above.add(folder)
+                    folder = os.path.dirname(folder)
+            for folder in sorted(above, key=len):
+                args += ["--perms", "0755", "--dir", folder]
+        for path in readable:
             args += ["--ro-bind", path, path]
             visible.append(path)
         # hide the course, the exchange and the gradebook where they lie inside a visible
@@ -250,10 +673,12 @@ class SandboxedKernelManager(AsyncKernelManager):
             args += ["--tmpfs", path]
         # the working folder appears as ~/<its name>: the kernel learns nothing of where it lies
         work = os.path.join(HOME, os.path.basename(cwd.rstrip(os.sep)) or "work")
-        args += ["--bind", cwd, work, "--bind", self._sandbox_dir, self._sandbox_dir, "--chdir", work]
-        # the sandbox's root and the hidden folders read-only (HOME, the working folder and /tmp
-        # are mounts of their own and stay writable)
-        args += ["--remount-ro", "/"]
+        size = ["--size", str(self.work_size_mib * 2 ** 20)] if self.work_size_mib > 0 else []
+        args += ["--ro-bind-fd", "@WORKFD@", SUBMISSION, *size, "--tmpfs", work,
+                 "--bind", self._sandbox_dir, self._sandbox_dir, "--chdir", work]
+        # the sandbox's root, /dev and the hidden folders read-only (HOME, the working folder, /tmp
+        # and /dev/shm are mounts of their own and stay writable)
+        args += ["--remount-ro", "/", "--remount-ro", "/dev"]
         for path in hidden:
             args += ["--remount-ro", path]
         # JPY_PARENT_PID=1 (jupyter_client sets the launcher's pid): in its own process
@@ -261,7 +686,8 @@ class SandboxedKernelManager(AsyncKernelManager):
         # the changed parent for "parent exited"; --die-with-parent does that job
         args += ["--setenv", "JPY_PARENT_PID", "1"]
         env = dict(env, HOME=HOME, TMPDIR="/tmp", PWD=work)
-        return args + ["--"] + list(cmd), env
+        inner = dict(inner or {"copy_from": SUBMISSION, "rlimits": {}})
+        return args + ["--", sys.executable, "-I", "-S", "-c", _INNER, json.dumps(inner)] + list(cmd), env
 
 
 # error names of the outputs that bounded execution writes (the summary of a grading run reads them)
@@ -441,6 +867,38 @@ def neutralise_outputs(nb):
     return count
 
 
+# the notice that ends a cell's outputs when some were dropped
+OUTPUT_NOTICE = ("[grading: {dropped} more output of this cell dropped: a cell keeps at most {cell} of "
+                 "output, the notebook {notebook}]")
+
+
+def _output_size(out):
+    """Characters of an output: its text, or its data (encoded images included)."""
+    if out.get("output_type") == "stream":
+        return len(out.get("text", ""))
+    if out.get("output_type") == "error":
+        return len(out.get("evalue", "")) + sum(len(t) for t in out.get("traceback", []))
+    size = 0
+    for value in (out.get("data") or {}).values():
+        size += len(value) if isinstance(value, str) else len(json.dumps(value))
+    return size
+
+
+def _shorten_error(out, limit):
+    """An error output cut to about `limit` characters (its message and traceback)."""
+    evalue = out.get("evalue", "")
+    if len(evalue) > limit:
+        out["evalue"] = evalue[:limit] + f"... [{len(evalue) - limit:,} characters dropped]"
+    lines, total = [], 0
+    for line in out.get("traceback", []):
+        if total + len(line) > limit:
+            lines.append(f"... [{len(out['traceback']) - len(lines)} traceback line(s) dropped]")
+            break
+        lines.append(line)
+        total += len(line)
+    out["traceback"] = lines
+
+
 def _error(ename, evalue):
     return NotebookNode(output_type="error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
 
@@ -464,6 +922,12 @@ class SandboxedExecute(Execute):
     seal = Bool(True, help=(
         "Run test cells outside IPython's history and replace outputs (and files left in the "
         "working folder) that repeat hidden test code.")).tag(config=True)
+    cell_output_mib = Float(1.0, help=(
+        "Output a cell keeps, in MiB of text (characters) and encoded images; the rest is dropped "
+        "with a notice saying how much. Errors are always kept (shortened). 0: no limit.")).tag(config=True)
+    notebook_output_mib = Float(10.0, help=(
+        "Output all cells of a notebook keep together, in MiB; beyond it every cell's output is "
+        "dropped as beyond a cell's limit. 0: no limit.")).tag(config=True)
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("kernel_manager_class", SandboxedKernelManager)
@@ -608,6 +1072,57 @@ class SandboxedExecute(Execute):
                 return False
             self._ran.append(i)
         return True
+
+    # ---- bounded output ---------------------------------------------------------------------------
+    def output(self, outs, msg, display_id, cell_index):
+        out = super().output(outs, msg, display_id, cell_index)
+        if out is None or not outs or outs[-1] is not out:
+            return out
+        return self._cap_output(outs, out, display_id, cell_index)
+
+    def _cap_output(self, outs, out, display_id, cell_index):
+        """Keep `out` (just appended to `outs`) within the cell's and the notebook's output
+        limits: cut, or dropped, with a notice at the end of the cell's outputs."""
+        mib = 2 ** 20
+        cell_cap = self.cell_output_mib * mib if self.cell_output_mib and self.cell_output_mib > 0 else math.inf
+        nb_cap = self.notebook_output_mib * mib if self.notebook_output_mib and self.notebook_output_mib > 0 else math.inf
+        if getattr(self, "_cap_nb", None) is not self.nb:
+            self._cap_nb, self._cap_kept = self.nb, {}
+        kept = self._cap_kept
+        if len(outs) == 1:                    # the cell's first output (or the first after a clear)
+            kept[cell_index] = [0, 0, None]   # characters kept, characters dropped, the notice
+        state = kept.setdefault(cell_index, [0, 0, None])
+        if out.get("output_type") == "error":
+            _shorten_error(out, int(min(cell_cap, 64 * 2 ** 10)))
+            state[0] += _output_size(out)
+            return out
+        others = sum(v[0] for k, v in kept.items() if k != cell_index)
+        room = max(0, int(min(cell_cap - state[0], nb_cap - others - state[0])))
+        size = _output_size(out)
+        if size <= room:
+            state[0] += size
+            return out
+        if out.get("output_type") == "stream" and room > 0:
+            out["text"] = out["text"][:room]
+            state[0] += room
+            state[1] += size - room
+        else:
+            outs.pop()
+            if display_id:
+                with contextlib.suppress(KeyError, IndexError):
+                    self._display_id_map[display_id][cell_index].pop()
+            state[1] += size
+            out = None
+        notice = state[2]
+        if notice is None or not outs or outs[-1] is not notice:
+            # a display output, not a stream: nbgrader's LimitOutput (1000 lines) drops streams
+            # beyond its limit, and the notice must stay
+            notice = state[2] = NotebookNode(output_type="display_data", data={"text/plain": ""}, metadata={})
+            outs.append(notice)
+        notice["data"]["text/plain"] = OUTPUT_NOTICE.format(dropped=f"{state[1] / mib:.1f} MiB" if state[1] >= mib else f"{state[1]:,} characters",
+                                              cell=_mib(cell_cap) if cell_cap < math.inf else "any",
+                                              notebook=_mib(nb_cap) if nb_cap < math.inf else "any")
+        return out
 
     # ---- a lost reply ----------------------------------------------------------------------------
     async def _async_poll_for_reply(self, msg_id, cell, timeout, task_poll_output_msg, task_poll_kernel_alive):

@@ -26,10 +26,21 @@ c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
 # Bounds of a graded notebook (grading_sandbox.py): a cell that runs longer than Execute.timeout
 # seconds is stopped and scores 0 (a warm numba cache, `gpclab compile`, keeps every cell of a
 # correct answer to a few seconds); all cells together get SandboxedExecute.submission_timeout
-# seconds; each kernel may use SandboxedKernelManager.memory_limit_gib of memory.
+# seconds; each sandbox (a kernel and every process it starts) may use
+# SandboxedKernelManager.memory_limit_gib of memory and run tasks_limit processes and threads (a
+# control group per sandbox where the grader can make one, else per-process limits); its /tmp,
+# HOME and working folder are tmpfs of tmp_size_mib / work_size_mib, no file it writes may exceed
+# file_size_mib, and a cell keeps SandboxedExecute.cell_output_mib of output, a notebook
+# notebook_output_mib (see the README's "Bounds" table).
 c.Execute.timeout = 60
 c.SandboxedExecute.submission_timeout = 300
 c.SandboxedKernelManager.memory_limit_gib = 2.0
+c.SandboxedKernelManager.tasks_limit = 64
+c.SandboxedKernelManager.tmp_size_mib = 256
+c.SandboxedKernelManager.work_size_mib = 256
+c.SandboxedKernelManager.file_size_mib = 64
+c.SandboxedExecute.cell_output_mib = 1.0
+c.SandboxedExecute.notebook_output_mib = 10.0
 c.Execute.kernel_name = "python3"
 # nbgrader 0.9 with SQLAlchemy 2 warns "Object of type <Submitted...> not in session" while it
 # records a submission; the gradebook is written correctly, so the warning is only noise

@@ -50,7 +50,7 @@ HOSTILE = {
                                      "    print(inspect.stack()[1].code_context)\n    return a + b"),
                      "partC_answer": ("open('stolen.txt', 'w').write(seen)\nprint(repr(seen))\n"
                                       "def neg(a):\n    return -a")},
-    "environment": {"partA_answer": ("import json\njson.dump(sorted(os.environ), open('env.json', 'w'))\n"
+    "environment": {"partA_answer": ("import json\nprint('ENV=' + json.dumps(sorted(os.environ)))\n"
                                      "def add(a, b):\n    return a + b")},
     # active content for the instructor's browser (formgrader) and the feedback
     "inject": {"partA_answer": (
@@ -168,8 +168,8 @@ def test_history_holds_no_test_cell(toy):
 
 
 def test_kernel_environment_is_a_whitelist(toy):
-    with open(os.path.join(toy["course"], "autograded", "environment", "toy", "env.json")) as fh:
-        names = set(json.load(fh))
+    printed = json.loads(T.outputs(toy["course"], "environment", "partA_answer"))[0]["text"]
+    names = set(json.loads(printed.split("ENV=", 1)[1]))
     assert SECRET_ENV not in names
     allowed = {"PATH", "PYTHONPATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "TZ", "HOME", "TMPDIR",
                "PWD", "NBGRADER_EXECUTION", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
@@ -184,7 +184,7 @@ def test_kernel_environment_is_a_whitelist(toy):
 FAKE_LAUNCHER = """\
 # a student's ipykernel_launcher.py beside the notebook: it leaves a mark, then starts the real kernel
 import os, sys, runpy
-open(os.path.join(os.getcwd(), "hijacked.txt"), "w").write("the student's launcher ran")
+os.environ["HIJACKED"] = "the student's launcher ran"
 sys.path = [p for p in sys.path if p not in ("", os.getcwd())]
 runpy.run_module("ipykernel_launcher", run_name="__main__", alter_sys=True)
 """
@@ -199,7 +199,7 @@ def test_a_launcher_handed_in_beside_the_notebook_is_not_the_kernel(tmp_path):
     env = T.make_course(course)
     unfinished = {"partA_answer": "def add(a, b):\n    raise NotImplementedError()",
                   "partB_answer": "def mul(a, b):\n    raise NotImplementedError()",
-                  "partC_answer": "def neg(a):\n    return -a"}
+                  "partC_answer": "import os\nprint('mark:', os.environ.get('HIJACKED'))\ndef neg(a):\n    return -a"}
     T.submit(course, "mallory", unfinished)
     with open(os.path.join(course, "submitted", "mallory", T.A, "ipykernel_launcher.py"), "w") as fh:
         fh.write(FAKE_LAUNCHER)
@@ -207,7 +207,8 @@ def test_a_launcher_handed_in_beside_the_notebook_is_not_the_kernel(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     work = os.path.join(course, "autograded", "mallory", T.A)
     assert os.path.exists(os.path.join(work, "ipykernel_launcher.py"))      # handed in and copied
-    assert not os.path.exists(os.path.join(work, "hijacked.txt")), "the student's launcher started the kernel"
+    mark = T.outputs(course, "mallory", "partC_answer")
+    assert "mark: None" in mark and "launcher ran" not in mark, "the student's launcher started the kernel"
     got = T.grades(course, "mallory")
     assert got["partA_works"] == 0 and got["partB_works"] == 0 and got["partC_works"] == 1, got
 
@@ -526,3 +527,250 @@ def test_active_types_are_dropped_without_a_kernel():
         {"text/plain": "<HTML>"}, {"image/png": "iVBOR"},
         {"text/plain": S.INERT_NOTICE.format(types="application/javascript")}]
     assert "widgets" not in nb.metadata
+
+
+# ---- bounds of a whole sandbox: processes it starts, files it writes, output it prints ------------
+# (each child holds its memory until every child has reported: all of them at once)
+MEM_BOMB = """import os
+def mul(a, b):
+    kids = []
+    release_r, release_w = os.pipe()
+    for i in range(8):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(r)
+                os.close(release_w)
+                x = bytearray(200 * 2 ** 20)
+                x[::4096] = b'1' * len(x[::4096])       # every page touched
+                os.write(w, b'1')
+                os.read(release_r, 1)                    # until the parent lets go
+            finally:
+                os._exit(0)
+        os.close(w)
+        kids.append((pid, r))
+    held = sum(len(os.read(r, 1)) for pid, r in kids)
+    os.close(release_w)
+    for pid, r in kids:
+        os.waitpid(pid, 0)
+    print(f'{held} of 8 children held 200 MiB each')
+    return a * b if held == 8 else None"""
+PID_BOMB = """import os, time
+def neg(a):
+    n = 0
+    try:
+        for i in range(300):
+            if os.fork() == 0:
+                time.sleep(20)
+                os._exit(0)
+            n += 1
+    except OSError as exc:
+        print('fork refused:', exc)
+    print(f'started {n} processes')
+    return -a if n == 300 else None"""
+# 30,000 small files in the working folder and in /tmp
+FILES = """import os
+os.makedirs('/tmp/t', exist_ok=True)
+for i in range(30000):
+    open(f'f{i}.txt', 'w').write('x')
+    open(f'/tmp/t/f{i}.txt', 'w').write('x')
+print('written:', len(os.listdir('.')), len(os.listdir('/tmp/t')))
+def add(a, b):
+    return a + b"""
+# 200 MiB printed
+PRINTER = """import sys
+for i in range(200):
+    sys.stdout.write('x' * 2 ** 20)
+def add(a, b):
+    return a + b"""
+# a 100 MiB file, 6 x 60 MiB in /tmp, a file in /dev
+DISK = """import errno, os
+def try_write(path, mib):
+    try:
+        with open(path, 'wb') as fh:
+            for i in range(mib):
+                fh.write(b'x' * 2 ** 20)
+        return 'ok'
+    except OSError as exc:
+        size = os.path.getsize(path) if os.path.exists(path) else 0
+        return f'{errno.errorcode[exc.errno]} at {size // 2 ** 20} MiB'
+print('big file:', try_write('big.bin', 100))
+print('tmp:', [try_write(f'/tmp/p{i}.bin', 60) for i in range(6)])
+print('dev:', try_write('/dev/x.bin', 1))
+def add(a, b):
+    return a + b"""
+BOUNDED = {"good": {}, "mem_bomb": {"partB_answer": MEM_BOMB}, "pid_bomb": {"partC_answer": PID_BOMB},
+           "files": {"partA_answer": FILES}, "printer": {"partA_answer": PRINTER},
+           "no_sigint": HOSTILE["no_sigint"], "disk": {"partA_answer": DISK}}
+BOUND_LIMITS = ["--Execute.timeout=30", "--SandboxedKernelManager.memory_limit_gib=1"]
+
+
+def _cgroup_parents():
+    S = _sandbox_module()
+    try:
+        return S._cgroup_parents()[1]
+    except S.CgroupUnavailable:
+        return None
+
+
+def _sandbox_groups(parents):
+    return {(p, n) for p in (parents or {}).values() for n in os.listdir(p) if n.startswith("gpclab-sandbox-")}
+
+
+def _grade_bounded(tmp_path_factory, name, students, limits):
+    """Grade `students` (of BOUNDED) with -j 2, watching the control groups made meanwhile."""
+    import threading
+    import time
+
+    course = str(tmp_path_factory.mktemp(name) / "course")
+    env = T.make_course(course)
+    for student in students:
+        T.submit(course, student, BOUNDED[student])
+    parents = _cgroup_parents()
+    before = _sandbox_groups(parents)
+    seen, done = set(), threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen.update(_sandbox_groups(parents) - before)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    t0 = time.perf_counter()
+    try:
+        out = _grade(course, env, "toy", "-j", "2", "--no-progress", "--", *limits)
+    finally:
+        done.set()
+        watcher.join()
+    wall = time.perf_counter() - t0
+    assert out.returncode == 0, out.stdout + out.stderr
+    t0 = time.perf_counter()
+    fb = T.nbgrader(course, env, "generate_feedback", "toy")
+    return dict(course=course, env=env, out=out.stdout, wall=wall, feedback_s=time.perf_counter() - t0,
+                feedback=fb.stdout + fb.stderr, seen=seen, left=_sandbox_groups(parents) - before, parents=parents)
+
+
+@pytest.fixture(scope="module")
+def bounded(tmp_path_factory):
+    if _cgroup_parents() is None:
+        pytest.skip("no control group can be made here (cgroup v1, or a delegated v2)")
+    return _grade_bounded(tmp_path_factory, "bounded", list(BOUNDED), BOUND_LIMITS)
+
+
+@pytest.fixture(scope="module")
+def fallback(tmp_path_factory):
+    """The same without control groups (as where the grader cannot make one)."""
+    return _grade_bounded(tmp_path_factory, "fallback", ["good", "pid_bomb", "files", "disk"],
+                          BOUND_LIMITS + ["--SandboxedKernelManager.use_cgroup=False"])
+
+
+def _stdout(course, student, grade_id):
+    return "".join(o.get("text", "") for o in json.loads(T.outputs(course, student, grade_id)))
+
+
+def test_memory_bomb_stopped_at_the_sandbox_limit(bounded):
+    """Eight forked children of 200 MiB each (every one under the per-process limit of 1 GiB):
+    together they meet the sandbox's 1 GiB, some are stopped, and the part scores 0."""
+    course = bounded["course"]
+    assert "sandbox bounds: cgroup" in bounded["out"], bounded["out"]
+    assert T.grades(course, "mem_bomb") == {"partA_works": 1, "partB_works": 0, "partC_works": 1}
+    text = T.outputs(course, "mem_bomb", "partB_works")
+    held = [int(n) for n in re.findall(r"(\d+) of 8 children held", text)]
+    # either some children were stopped (at most 1 GiB / 200 MiB of them lived) or the kernel was
+    assert (held and max(held) <= 5) or "MemoryLimitExceeded" in text, text
+
+
+@pytest.mark.parametrize("run", ["bounded", "fallback"])
+def test_process_bomb_stopped(run, request):
+    """300 forks: refused once the sandbox runs 64 tasks (cgroup pids.max; without a cgroup
+    RLIMIT_NPROC in the sandbox's own user namespace, as uid 65534 when the grader is root)."""
+    r = request.getfixturevalue(run)
+    course = r["course"]
+    assert T.grades(course, "pid_bomb") == {"partA_works": 1, "partB_works": 1, "partC_works": 0}
+    text = _stdout(course, "pid_bomb", "partC_works")
+    started = int(re.search(r"started (\d+) processes", text).group(1))
+    assert "fork refused" in text and 0 < started < 64, text
+    assert T.grades(course, "good") == {"partA_works": 1, "partB_works": 1, "partC_works": 1}
+    if run == "fallback":
+        expected = "RLIMIT_NPROC 64 in the sandbox" + (" as uid 65534" if os.geteuid() == 0 else "")
+        assert expected in r["out"], r["out"]
+
+
+@pytest.mark.parametrize("run", ["bounded", "fallback"])
+def test_files_written_stay_in_the_sandbox(run, request):
+    """30,000 files written in the working folder and in /tmp reach neither autograded/ nor the
+    feedback, and grading and feedback stay quick."""
+    r = request.getfixturevalue(run)
+    course = r["course"]
+    assert "written: 30001 30000" in _stdout(course, "files", "partA_answer")     # they were written
+    assert T.grades(course, "files") == {"partA_works": 1, "partB_works": 1, "partC_works": 1}
+    assert os.listdir(os.path.join(course, "autograded", "files", "toy")) == ["toy.ipynb"]
+    assert os.listdir(os.path.join(course, "feedback", "files", "toy")) == ["toy.html"]
+    times = {m.group(1): float(m.group(2)) for m in re.finditer(r"stopped +toy (\w+) \((\d+) s\)", r["out"])}
+    assert "files" not in times
+    assert r["feedback_s"] < 60, r["feedback_s"]
+
+
+@pytest.mark.parametrize("run", ["bounded", "fallback"])
+def test_disk_is_bounded(run, request):
+    """A file stops at 64 MiB (RLIMIT_FSIZE), /tmp at 256 MiB (a tmpfs), /dev is not writable."""
+    course = request.getfixturevalue(run)["course"]
+    text = _stdout(course, "disk", "partA_answer")
+    assert "big file: EFBIG at 64 MiB" in text, text
+    assert "tmp: ['ok', 'ok', 'ok', 'ok', 'ENOSPC at 16 MiB', 'ENOSPC at 0 MiB']" in text, text
+    assert re.search(r"dev: (EROFS|EACCES)", text), text
+    assert T.grades(course, "disk") == {"partA_works": 1, "partB_works": 1, "partC_works": 1}
+
+
+def test_printed_output_is_capped(bounded):
+    """200 MiB printed: the cell keeps 1 MiB and says how much was dropped; the autograded notebook
+    and the feedback stay small, and the parts score as they should."""
+    course = bounded["course"]
+    assert T.grades(course, "printer") == {"partA_works": 1, "partB_works": 1, "partC_works": 1}
+    path = os.path.join(course, "autograded", "printer", "toy", "toy.ipynb")
+    assert os.path.getsize(path) < 1.2 * 2 ** 20, os.path.getsize(path)
+    assert os.path.getsize(os.path.join(course, "feedback", "printer", "toy", "toy.html")) < 2 * 2 ** 20
+    cell = json.loads(T.outputs(course, "printer", "partA_answer"))
+    kept = sum(len(o.get("text", "")) for o in cell if o["output_type"] == "stream")
+    assert kept == 2 ** 20, kept
+    notice = cell[-1]["data"]["text/plain"]
+    assert notice == ("[grading: 199.0 MiB more output of this cell dropped: a cell keeps at most 1 MiB of "
+                      "output, the notebook 10 MiB]"), notice
+
+
+def test_cgroups_removed_after_the_run(bounded):
+    """Each sandbox had a control group of its own (seen while grading), and none is left, also
+    for the kernel that ignored SIGINT and was killed."""
+    assert len(bounded["seen"]) >= 2 and not bounded["left"], (bounded["seen"], bounded["left"])
+    assert T.grades(bounded["course"], "no_sigint") == {"partA_works": 0, "partB_works": 1, "partC_works": 1}
+    assert "ignored the interrupt" in T.outputs(bounded["course"], "no_sigint", "partA_works")
+
+
+def test_output_cap_without_a_kernel():
+    """A cell keeps `cell_output_mib` of output (here 1 KiB), the notebook `notebook_output_mib`
+    (here 1.5 KiB); beyond, streams are cut and then dropped, with one notice that counts what was
+    dropped; an error is always kept."""
+    S = _sandbox_module()
+    nb = T.source_notebook()
+    ex = S.SandboxedExecute(cell_output_mib=1 / 1024, notebook_output_mib=1.5 / 1024)
+    ex.nb = nb
+    ex.reset_execution_trackers()
+    ex.clear_before_next_output = False      # as at the start of a cell
+
+    def msg(kind, **content):
+        return {"msg_type": kind, "header": {"msg_type": kind}, "parent_header": {"msg_id": "m"}, "content": content}
+
+    outs = []
+    for _ in range(3):
+        ex.output(outs, msg("stream", name="stdout", text="x" * 600), None, 1)
+    assert [len(o.get("text", "")) for o in outs[:2]] == [600, 424]
+    assert outs[2]["data"]["text/plain"] == ("[grading: 776 characters more output of this cell dropped: a cell keeps "
+                                             "at most 0.000976562 MiB of output, the notebook 0.00146484 MiB]")
+    ex.output(outs, msg("error", ename="AssertionError", evalue="y" * 10 ** 6, traceback=["t"] * 10), None, 1)
+    assert len(outs) == 4 and outs[3]["ename"] == "AssertionError" and len(outs[3]["evalue"]) < 70 * 1024
+    # the next cell has what the notebook has left: 1.5 KiB - 1 KiB (the error's message counts too)
+    other = []
+    ex.output(other, msg("display_data", data={"text/plain": "z" * 100}, metadata={}), None, 3)
+    assert len(other) == 1 and "more output of this cell dropped" in other[0]["data"]["text/plain"]
