@@ -28,9 +28,15 @@ Each sandbox is also bounded (SandboxedExecute, SandboxedKernelManager):
   BLAS/numba thread unless configured otherwise.
 - sealed output: graded test cells run without entering IPython's history (`In`, `_ih`, the
   history manager), and every output of the graded notebook (and every text file the kernel leaves
-  in its working folder) that repeats a line of a hidden test is replaced by a notice, so neither
-  the autograded notebook nor the feedback carries hidden test code, whichever way student code
-  found it (history, the calling frame, `inspect`).
+  in its working folder) that repeats a line of a hidden test is replaced by a notice. The
+  student's feedback (SealedFeedback, with feedback_without_files) is composed by the grader: one
+  line per test cell (passed / failed / stopped, the error's type, the instructor's own message
+  texts with a few short numbers), no outputs of cells that ran after the first hidden test, no
+  files: nothing student code printed after it could have read a hidden test.
+- guarded test cells (SandboxedExecute.guard): before each test cell the kernel's IPython hooks,
+  trace functions, built-ins and library functions are put back as they were after the setup
+  cells; a test passes only if its last statement (a random marker the grader appends) ran; a
+  test during which student code installed such a hook scores 0 ("ChangedHowCellsRun").
 
 - inert output: outputs of the graded notebook are shown in the instructor's browser (formgrader)
   and in the student's feedback, so after execution every display output keeps only plain text
@@ -448,9 +454,15 @@ def neutralise_outputs(nb):
 GUARD_SOURCE = r'''
 import builtins as _builtins, json as _json, sys as _sys, threading as _threading, types as _types
 
+# the built-ins and functions the guard calls, bound now: student code may replace them later
+(all, any, callable, delattr, dict, getattr, isinstance, len, list, set, setattr, sorted, str, tuple, type, vars,
+ zip) = (all, any, callable, delattr, dict, getattr, isinstance, len, list, set, setattr, sorted, str, tuple, type,
+         vars, zip)
+_dumps, _gettrace, _settrace = _json.dumps, _sys.gettrace, _sys.settrace
+
 _MISSING = object()
 _ip = get_ipython()
-_ENTRY = {"trace": _sys.gettrace()}
+_ENTRY = {"trace": _gettrace()}
 # callbacks that IPython's own extensions register when a cell first needs them (matplotlib's
 # inline backend when pyplot is first imported, autoreload): not a change of how cells run
 _ALLOWED = (("matplotlib_inline.backend_inline", "flush_figures"), ("ipykernel.pylab.backend_inline", "flush_figures"))
@@ -570,7 +582,7 @@ def _baseline(prefixes):
                   lambda n=name: tuple(cb for cb in events.callbacks.get(n, ()) if not _allowed(cb)), put_event)
     def put_trace(v):
         _ENTRY["trace"] = v
-        _sys.settrace(v)
+        _settrace(v)
     slots.add("trace", "a trace function (sys.settrace)", lambda: _ENTRY["trace"], put_trace)
     slots.add("thread_trace", "a trace function for threads (threading.settrace)",
               lambda: getattr(_threading, "_trace_hook", None), _threading.settrace)
@@ -627,8 +639,8 @@ class _Guard:
 
     def reset(self):
         """Put the baseline back for a test cell; keep what it replaced for after the test."""
-        _ENTRY["trace"] = _sys.gettrace()
-        _sys.settrace(None)
+        _ENTRY["trace"] = _gettrace()
+        _settrace(None)
         changed = self._changed()
         self.saved = [(item, now) for item, value, now in changed]
         failed = []
@@ -637,14 +649,14 @@ class _Guard:
                 item[3](value)
             except Exception:
                 failed.append(item[0])
-        return _json.dumps({"removed": sorted({item[0] for item, value, now in changed}), "failed": failed})
+        return _dumps({"removed": sorted({item[0] for item, value, now in changed}), "failed": failed})
 
     def check(self):
         """What changed while the test ran, set back to the baseline; then the student's own state
         as it was before the test. Names bound in the notebook and private attributes of modules
         (a library's own caches) are not counted."""
-        _ENTRY["trace"] = _sys.gettrace()
-        _sys.settrace(None)
+        _ENTRY["trace"] = _gettrace()
+        _settrace(None)
 
         def skip(key):
             return key.startswith("ns:") or (key.startswith("attr:") and key.rsplit(".", 1)[-1].startswith("_"))
@@ -654,13 +666,15 @@ class _Guard:
                 item[3](value)
             except Exception:
                 pass
-        for item, now in self.saved:
+        # the answer first: what is put back next may be the student's own built-ins
+        answer = _dumps({"changed": sorted({item[0] for item, value, now in changed})})
+        saved, self.saved = self.saved, []
+        for item, now in saved:
             try:
                 item[3](now)
             except Exception:
                 pass
-        self.saved = []
-        return _json.dumps({"changed": sorted({item[0] for item, value, now in changed})})
+        return answer
 '''
 
 
@@ -679,6 +693,7 @@ AFTER_HIDDEN_NOTICE = ("[grader] output not shown in the feedback: this cell ran
 MAX_NUMBERS = 6          # numbers a message may show, each to NUMBER_DIGITS significant digits
 NUMBER_DIGITS = 4
 MAX_PIECES = 12          # instructor's strings a message may be made of
+MAX_WORDS = 12           # placeholders a message may fill with one of the instructor's short strings
 MAX_WORD = 40            # the longest instructor's string that may fill a placeholder
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?inf|nan"
 _NUMRUN = (rf"[\[\(\s]*(?:{_NUM})(?:[\s,\[\]\(\)]+(?:{_NUM}))*[\s\]\)]*(?:\.\.\.)?")
@@ -775,16 +790,21 @@ class MessageFilter:
                 return text
             return text if value != value or abs(value) == math.inf else f"{value:.{NUMBER_DIGITS}g}"
 
+        words = 0
         for t, m in found[n]:
             k = 0
             for p in t:
                 if p is None:
                     k += 1
                     filler = m.group(k)
-                    out.append(re.sub(_NUM, number, filler) if re.fullmatch(_NUMRUN, filler or "-") else filler)
+                    if re.fullmatch(_NUMRUN, filler or "-"):
+                        out.append(re.sub(_NUM, number, filler))
+                    else:
+                        words += 1
+                        out.append(filler)
                 else:
                     out.append(p)
-        return "".join(out)
+        return "".join(out) if words <= MAX_WORDS else None
 
 
 def _code_cells_of_instructor(nb):

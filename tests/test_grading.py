@@ -754,7 +754,8 @@ def test_feedback_holds_nothing_of_the_hidden_tests(toy, student):
         norm = _normal(text)
         found = sorted(w for w in windows if w in norm)
         assert not found, (student, where, found[:5])
-        assert "LEAK" not in text, (student, where)
+        # (the student's own code, shown in the HTML, has 'LEAK:hex:' + ...; a printed line has its payload)
+        assert not re.search(r"LEAK:\w+:[^'\"\s\\]", text), (student, where)
         assert "[grader] partA_works: passed" in text, (student, where)
     # the route worked: the instructor's autograded notebook holds what the code decoded (except by
     # history, which holds no test cell)
@@ -801,4 +802,4 @@ def test_messages_are_made_of_the_instructors_texts():
     assert f.compose("your assert type(add(40 (Part A) is not finished") is None
     assert f.compose("assert type(add(40, 2)) in (int, float)") is None
     many = f.compose("for n = 1 got [1 2 3 4 5 6 7 8]..., expected 9: check W K")
-    assert many.count("…") == 3 and "7" not in many
+    assert many == "for n = 1 got [1 2 3 4 5 … … …]..., expected …: check W K"
