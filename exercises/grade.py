@@ -24,8 +24,9 @@ A run that is stopped (Ctrl-C, killed) and started again grades only the rest. -
 everything again.
 
 A progress bar shows the count, the rate and the time left; the summary at the end lists what
-was graded, what failed (with its log, grading_logs/<assignment>/<student>.log) and which cells
-were stopped (time or memory), and the time per submission.
+was graded, what failed (with its log, grading_logs/<assignment>/<student>.log), which cells
+were stopped (time or memory), which tests scored 0 because student code changed how cells run
+while they ran (grading_sandbox.py's guard), and the time per submission.
 
 With --dask the course folder must be at the same path on every worker machine (a shared file
 system whose locks work, e.g. NFSv4), and nbgrader, bubblewrap and gpclab installed there.
