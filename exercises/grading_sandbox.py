@@ -705,6 +705,11 @@ SAFE_ENAMES = frozenset(
     + ["LinAlgError", STOPPED, NOT_RUN, MEMORY, "KernelDied", TAMPERED])
 
 
+# fixed messages of the libraries a test may quote (numpy's linear algebra errors): no text of a student's
+LIBRARY_MESSAGES = ("Matrix is not positive definite", "Singular matrix", "SVD did not converge",
+                    "Eigenvalues did not converge", "Last 2 dimensions of the array must be square")
+
+
 def _without_magics(source):
     return "\n".join("pass" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
 
@@ -712,8 +717,8 @@ def _without_magics(source):
 def message_templates(sources):
     """The instructor's message templates in `sources` (code): each string literal, and each
     f-string as its literal parts with placeholders (None) between them; `{...}` and `%s`-style
-    fields inside a literal are placeholders too. Returns (templates, words): words are the short
-    literals a placeholder may show."""
+    fields inside a literal are placeholders too; and LIBRARY_MESSAGES. Returns (templates, words):
+    words are the short literals (and their repr) a placeholder may show."""
     templates, words = set(), set()
     for source in sources:
         try:
@@ -740,7 +745,8 @@ def message_templates(sources):
                         parts.append(None)
                 templates.add(tuple(parts))
     templates.discard(())
-    words |= {"True", "False", "None"}
+    templates |= {(m,) for m in LIBRARY_MESSAGES}
+    words |= {"True", "False", "None"} | {repr(w) for w in words}
     return sorted(templates, key=lambda t: [(p is None, p or "") for p in t]), sorted(words)
 
 

@@ -798,6 +798,8 @@ def test_messages_are_made_of_the_instructors_texts():
     assert f.compose("for n = 8 got [0.123456 -1.5 3.]..., expected 2.5: check W K") == \
         "for n = 8 got [0.1235 -1.5 3]..., expected 2.5: check W K"
     assert f.compose("your add (Part A) is not finished") == "your add (Part A) is not finished"
+    assert f.compose("your 'add' (Part A) is not finished") == "your 'add' (Part A) is not finished"
+    assert f.compose("your add (Part A) is not finishedSingular matrix") == "your add (Part A) is not finishedSingular matrix"
     # a placeholder that carries text, too many numbers, or code
     assert f.compose("your assert type(add(40 (Part A) is not finished") is None
     assert f.compose("assert type(add(40, 2)) in (int, float)") is None
