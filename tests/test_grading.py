@@ -805,3 +805,27 @@ def test_messages_are_made_of_the_instructors_texts():
     assert f.compose("assert type(add(40, 2)) in (int, float)") is None
     many = f.compose("for n = 1 got [1 2 3 4 5 6 7 8]..., expected 9: check W K")
     assert many == "for n = 1 got [1 2 3 4 5 … … …]..., expected …: check W K"
+
+
+def test_marker_is_the_last_statement_and_keeps_the_cells_result():
+    """Without a kernel: the marker runs after everything else, a last expression stays the cell's
+    result (partial credit), and a marker printed in two writes (split across outputs) is found."""
+    import ast
+
+    from nbformat.v4 import new_code_cell, new_output
+
+    S = _sandbox_module()
+    source = '"Part A"\nassert 1 + 1 == 2\nscore = 0.5\nscore'
+    marked = S.with_marker(source, "M123")
+    tree = ast.parse(marked)
+    assert isinstance(tree.body[-1], ast.Expr) and marked.startswith(source[:-len("score")])
+    printed = []
+    value = eval(compile(ast.Expression(tree.body[-1].value), "<cell>", "eval"),
+                 {"score": 0.5, "print": printed.append})
+    assert value == 0.5 and printed == ["M123"]
+    assert S.with_marker("for i in range(2):\n    assert i < 2", "M1").rstrip().endswith("print('M1')")
+    cell = new_code_cell("x", outputs=[new_output("stream", name="stdout", text="ok\nM9"),
+                                       new_output("stream", name="stdout", text="\n")])
+    assert S.take_marker(cell, "M9") and [o.text for o in cell.outputs] == ["ok\n"]
+    cell = new_code_cell("x", outputs=[new_output("stream", name="stdout", text="ok\n")])
+    assert not S.take_marker(cell, "M9")
