@@ -32,7 +32,8 @@ Each sandbox is also bounded (SandboxedExecute, SandboxedKernelManager):
   student's feedback (SealedFeedback, with feedback_without_files) is composed by the grader: one
   line per test cell (passed / failed / stopped, the error's type, the instructor's own message
   texts with a few short numbers), no outputs of cells that ran after the first hidden test, no
-  files: nothing student code printed after it could have read a hidden test.
+  file the kernel wrote: nothing student code printed or wrote after it could have read a hidden
+  test.
 - guarded test cells (SandboxedExecute.guard): before each test cell the kernel's IPython hooks,
   trace functions, built-ins and library functions are put back as they were after the setup
   cells; a test passes only if its last statement (a random marker the grader appends) ran; a
@@ -979,13 +980,27 @@ def take_marker(cell, marker):
     return found
 
 
+# the files of a submission that `nbgrader release_feedback` reads from feedback/
+RELEASE_FEEDBACK_FILES = ("timestamp.txt", "submission_secret.txt")
+
+
 def feedback_without_files():
-    """Make `nbgrader generate_feedback` write only the feedback's HTML: nbgrader copies every other
-    file of the autograded folder into feedback/ (for the student), and student code writes there."""
+    """Make `nbgrader generate_feedback` write only the feedback's HTML and the submission's
+    timestamp.txt and submission_secret.txt (which `release_feedback` needs), taken from
+    submitted/ as `collect` left them: nbgrader copies every file of the autograded folder into
+    feedback/, and student code writes in that folder (those two files included)."""
     from nbgrader.converters import GenerateFeedback
 
     def init_assignment(self, assignment_id, student_id):
-        self.log.info("Feedback of %s for %s: the HTML only (no other files)", assignment_id, student_id)
+        dest = self._format_dest(assignment_id, student_id)
+        submitted = self.coursedir.format_path(self.coursedir.submitted_directory, student_id, assignment_id)
+        os.makedirs(dest, exist_ok=True)
+        for name in RELEASE_FEEDBACK_FILES:
+            path = os.path.join(submitted, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                shutil.copyfile(path, os.path.join(dest, name))
+        self.log.info("Feedback of %s for %s: the HTML and submitted/'s %s only", assignment_id, student_id,
+                      " and ".join(RELEASE_FEEDBACK_FILES))
 
     GenerateFeedback.init_assignment = init_assignment
 

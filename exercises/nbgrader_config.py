@@ -62,8 +62,8 @@ c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, OverwriteKern
 # (passed / failed / stopped, the part, its points and, on failure, the error's type and the
 # instructor's message when it is one of the notebook's own message texts), never its outputs;
 # outputs of the other cells that ran after the first hidden test are left out; and
-# generate_feedback writes only the HTML (nbgrader would copy every other file of the autograded
-# folder, files written by student code included).
+# generate_feedback writes only the HTML and submitted/'s timestamp.txt and submission_secret.txt
+# (nbgrader would copy every file of the autograded folder, files written by student code included).
 c.GenerateFeedback.preprocessors = [GetGrades, SealedFeedback, CSSHTMLHeaderPreprocessor]
 feedback_without_files()
 

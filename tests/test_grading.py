@@ -127,6 +127,10 @@ LEAKERS = {
 }
 LEAKERS["seal_linecache_rot13"]["partC_answer"] = (
     "import codecs\ndef neg(a):\n    raise AssertionError('LEAK:rot13:' + codecs.encode(seen, 'rot13'))")
+# writes the hidden test into the working folder's timestamp.txt (which nbgrader's feedback would copy)
+LEAKERS["seal_tampered_stamp"] = {
+    "partA_answer": (_EMIT + "def add(a, b):\n    text = " + _ROUTES["inspect"] + "\n"
+                     "    open('timestamp.txt', 'w').write('LEAK:hex:' + text.encode().hex())\n    return a + b")}
 HOSTILE.update(LEAKERS)
 
 # ---- hooks that change how cells run --------------------------------------------------------------------
@@ -201,7 +205,7 @@ EXPECTED = {  # (A, B, C) points
     "leak_history": (1, 1, 1), "leak_frame": (1, 1, 1), "leak_inspect": (1, 1, 1), "environment": (1, 1, 1),
     "inject": (1, 1, 1), "cheat_eq": (0, 1, 1), "cheat_float": (1, 1, 0), "cheat_assertion": (1, 0, 1),
     "seal_history_chunks": (1, 1, 1), "seal_frame_hex": (1, 1, 1), "seal_inspect_zlib": (1, 0, 1),
-    "seal_linecache_rot13": (1, 1, 0),
+    "seal_linecache_rot13": (1, 1, 0), "seal_tampered_stamp": (1, 1, 1),
     "hook_ast": (0, 0, 0), "hook_callback": (0, 0, 0), "hook_trace": (0, 0, 0), "hook_trace_in_test": (1, 1, 0),
     "hook_exc_in_test": (0, 1, 1), "hook_builtins": (1, 0, 1), "legit_magics": (1, 1, 1),
 }
@@ -730,11 +734,17 @@ def _decoded_leaks(text):
 
 
 def test_feedback_is_the_html_only(toy):
-    """generate_feedback copies nothing but the HTML: files the kernel wrote (stolen.txt, env.json)
-    stay in the instructor's autograded folder."""
+    """generate_feedback copies nothing but the HTML (and submitted/'s timestamp.txt and
+    submission_secret.txt, not the kernel's folder's): files the kernel wrote (stolen.txt, env.json,
+    a timestamp.txt) stay in the instructor's autograded folder."""
     for student in HOSTILE:
-        assert os.listdir(os.path.join(toy["course"], "feedback", student, T.A)) == [f"{T.A}.html"], student
+        folder = os.path.join(toy["course"], "feedback", student, T.A)
+        # (these submissions come without nbgrader's timestamp.txt: a course's exchange round trip,
+        # tests/test_course.py, has it)
+        assert os.listdir(folder) == [f"{T.A}.html"], student
     assert os.path.exists(os.path.join(toy["course"], "autograded", "seal_frame_hex", T.A, "stolen.txt"))
+    with open(os.path.join(toy["course"], "autograded", "seal_tampered_stamp", T.A, "timestamp.txt")) as fh:
+        assert "LEAK:hex:" in fh.read()       # written by the kernel, not copied
 
 
 @pytest.mark.parametrize("student", sorted(LEAKERS))
@@ -760,8 +770,12 @@ def test_feedback_holds_nothing_of_the_hidden_tests(toy, student):
     # the route worked: the instructor's autograded notebook holds what the code decoded (except by
     # history, which holds no test cell)
     graded = nbformat.read(os.path.join(course, "autograded", student, T.A, f"{T.A}.ipynb"), as_version=4)
-    decoded = _normal(_decoded_leaks("\n".join(o.get("text", "") + "\n" + o.get("evalue", "")
-                                               for c in graded.cells for o in c.get("outputs", []))))
+    texts = [o.get("text", "") + "\n" + o.get("evalue", "") for c in graded.cells for o in c.get("outputs", [])]
+    stamp = os.path.join(course, "autograded", student, T.A, "timestamp.txt")
+    if os.path.exists(stamp):
+        with open(stamp) as fh:
+            texts.append(fh.read())
+    decoded = _normal(_decoded_leaks("\n".join(texts)))
     hidden_here = any(w in decoded for w in windows)
     assert hidden_here == (student != "seal_history_chunks"), student
     # outputs of cells that ran after the first hidden test are replaced by a notice
