@@ -26,8 +26,9 @@ A run that is stopped (Ctrl-C, killed) and started again grades only the rest. -
 everything again.
 
 A progress bar shows the count, the rate and the time left; the summary at the end lists what
-was graded, what failed (with its log, grading_logs/<assignment>/<student>.log) and which cells
-were stopped (time or memory), and the time per submission.
+was graded, what failed (with its log, grading_logs/<assignment>/<student>.log), which cells
+were stopped (time or memory), which tests scored 0 because student code changed how cells run
+while they ran (grading_sandbox.py's guard), and the time per submission.
 
 With --dask the course folder must be at the same path on every worker machine (a shared file
 system whose locks work, e.g. NFSv4), and nbgrader, bubblewrap and gpclab installed there.
@@ -47,6 +48,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STOP_NAMES = ("TimeLimitExceeded", "NotRun", "MemoryLimitExceeded", "KernelDied")
+# the error of a test during which student code changed how cells run (grading_sandbox.TAMPERED)
+TAMPERED = "ChangedHowCellsRun"
 
 
 # ---- in the worker ------------------------------------------------------------------------------
@@ -169,7 +172,7 @@ def _grade_one(course, assignment, student, nbgrader_args):
     if bounds:
         with open(log_path, "a") as fh:
             fh.write(f"[grade.py | INFO] sandbox bounds: {bounds}\n")
-    stopped = []
+    stopped, tampered = [], []
     for path in glob.glob(os.path.join(course, "autograded", student, assignment, "*.ipynb")):
         with open(path) as fh:
             nb = json.load(fh)
@@ -178,6 +181,9 @@ def _grade_one(course, assignment, student, nbgrader_args):
                 if out.get("output_type") == "error" and out.get("ename") in STOP_NAMES:
                     gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") or "(cell)"
                     stopped.append(f"{gid}: {out['ename']}: {out.get('evalue', '')}")
+                elif out.get("output_type") == "error" and out.get("ename") == TAMPERED:
+                    gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") or "(cell)"
+                    tampered.append(f"{gid}: {out.get('evalue', '')}")
     graded = code == 0 and _has_notebooks(course, assignment, student)
     record = _record_path(course, assignment, student)
     if graded:
@@ -187,7 +193,7 @@ def _grade_one(course, assignment, student, nbgrader_args):
     elif os.path.exists(record):
         os.remove(record)
     return dict(assignment=assignment, student=student, ok=graded, seconds=time.perf_counter() - t0,
-                stopped=stopped, log=log_path, worker_start=setup, pid=os.getpid(), bounds=bounds)
+                stopped=stopped, tampered=tampered, log=log_path, worker_start=setup, pid=os.getpid(), bounds=bounds)
 
 
 # ---- in the parent ------------------------------------------------------------------------------
@@ -341,7 +347,9 @@ def summary(results, wall, out=sys.stdout):
     failed = [r for r in results if not r["ok"]]
     stopped = [r for r in ok if r["stopped"]]
     times = [r["seconds"] for r in results if r["seconds"] == r["seconds"]]
-    print(f"graded {len(ok)}, failed {len(failed)}, with stopped cells {len(stopped)}, in {wall:.1f} s", file=out)
+    tampered = [r for r in ok if r.get("tampered")]
+    print(f"graded {len(ok)}, failed {len(failed)}, with stopped cells {len(stopped)}, "
+          f"changed how cells run {len(tampered)}, in {wall:.1f} s", file=out)
     if times:
         print(f"per submission: median {statistics.median(times):.1f} s, max {max(times):.1f} s "
               f"({max(results, key=lambda r: r['seconds'] if r['seconds'] == r['seconds'] else -1)['student']})",
@@ -355,6 +363,10 @@ def summary(results, wall, out=sys.stdout):
     for r in stopped:
         print(f"  stopped  {r['assignment']} {r['student']} ({r['seconds']:.0f} s):", file=out)
         for line in r["stopped"]:
+            print(f"           {line}", file=out)
+    for r in tampered:
+        print(f"  tampered {r['assignment']} {r['student']} (its tests score 0 where this was found):", file=out)
+        for line in r["tampered"]:
             print(f"           {line}", file=out)
     for r in failed:
         print(f"  FAILED   {r['assignment']} {r['student']}: see {r['log']}", file=out)

@@ -48,9 +48,16 @@ Each sandbox is also bounded (SandboxedExecute, SandboxedKernelManager):
   BLAS/numba thread unless configured otherwise.
 - sealed output: graded test cells run without entering IPython's history (`In`, `_ih`, the
   history manager), and every output of the graded notebook (and every text file the kernel leaves
-  in its working folder) that repeats a line of a hidden test is replaced by a notice, so neither
-  the autograded notebook nor the feedback carries hidden test code, whichever way student code
-  found it (history, the calling frame, `inspect`).
+  in its working folder) that repeats a line of a hidden test is replaced by a notice. The
+  student's feedback (SealedFeedback, with feedback_without_files) is composed by the grader: one
+  line per test cell (passed / failed / stopped, the error's type, the instructor's own message
+  texts with a few short numbers), no outputs of cells that ran after the first hidden test, no
+  file the kernel wrote: nothing student code printed or wrote after it could have read a hidden
+  test.
+- guarded test cells (SandboxedExecute.guard): before each test cell the kernel's IPython hooks,
+  trace functions, built-ins and library functions are put back as they were after the setup
+  cells; a test passes only if its last statement (a random marker the grader appends) ran; a
+  test during which student code installed such a hook scores 0 ("ChangedHowCellsRun").
 
 - inert output: outputs of the graded notebook are shown in the instructor's browser (formgrader)
   and in the student's feedback, so after execution every display output keeps only plain text
@@ -69,8 +76,10 @@ Without `bwrap` on the PATH autograde refuses to run a kernel. An instructor who
 in isolation (e.g. a container per submission) opts out in nbgrader_config.py with
 `c.SandboxedKernelManager.allow_unsandboxed = True`.
 """
+import ast
 import asyncio
 import base64
+import builtins
 import contextlib
 import copy
 import importlib.util
@@ -79,6 +88,7 @@ import json
 import math
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -89,9 +99,10 @@ import tokenize
 
 from jupyter_client.manager import AsyncKernelManager
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
+from jupyter_core.utils import ensure_async, run_sync
 from nbformat.notebooknode import NotebookNode
 from nbgrader import utils
-from nbgrader.preprocessors import Execute, NbGraderPreprocessor
+from nbgrader.preprocessors import ClearHiddenTests, Execute, NbGraderPreprocessor
 from traitlets import Bool, Float, Integer, List, Unicode
 
 
@@ -899,6 +910,564 @@ def _shorten_error(out, limit):
     out["traceback"] = lines
 
 
+# ---- the kernel-side guard (runs in the student's kernel; see SandboxedExecute) -----------------
+# A module of its own (in sys.modules under a random name) that takes a baseline of how cells run
+# once the instructor's setup cells have run, resets the shell to it before each test cell, and
+# after the test reports what was changed while it ran. Every name it uses is bound here, at the
+# baseline, before any student code runs.
+GUARD_SOURCE = r'''
+import builtins as _builtins, json as _json, sys as _sys, threading as _threading, types as _types
+
+# the built-ins and functions the guard calls, bound now: student code may replace them later
+(all, any, callable, delattr, dict, getattr, isinstance, len, list, set, setattr, sorted, str, tuple, type, vars,
+ zip) = (all, any, callable, delattr, dict, getattr, isinstance, len, list, set, setattr, sorted, str, tuple, type,
+         vars, zip)
+_dumps, _gettrace, _settrace = _json.dumps, _sys.gettrace, _sys.settrace
+
+_MISSING = object()
+_ip = get_ipython()
+_ENTRY = {"trace": _gettrace()}
+# callbacks that IPython's own extensions register when a cell first needs them (matplotlib's
+# inline backend when pyplot is first imported, autoreload): not a change of how cells run
+_ALLOWED = (("matplotlib_inline.backend_inline", "flush_figures"), ("ipykernel.pylab.backend_inline", "flush_figures"))
+
+
+def _allowed(cb):
+    for mod, name in _ALLOWED:
+        m = _sys.modules.get(mod)
+        if m is not None and getattr(m, name, None) is cb:
+            return True
+    owner = getattr(cb, "__self__", None)
+    auto = _sys.modules.get("IPython.extensions.autoreload")
+    return auto is not None and owner is not None and type(owner) in (
+        getattr(auto, "ModuleReloader", None), getattr(auto, "AutoreloadMagics", None))
+_DUNDER_OK = {"__import__", "__build_class__"}
+_IGNORE = {"_", "__", "___"}
+
+
+def _own(d, k):
+    return d.get(k, _MISSING)
+
+
+class _Slots:
+    """Named values of the kernel's state: (key, description, get, set)."""
+
+    def __init__(self):
+        self.items = []
+
+    def add(self, key, what, get, put):
+        self.items.append((key, what, get, put))
+
+
+def _same(a, b):
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+    return a is b
+
+
+def _list_slot(slots, key, what, owner, attr):
+    slots.add(key, what, lambda: tuple(getattr(owner, attr)), lambda v: setattr(owner, attr, list(v)))
+
+
+def _attr_slot(slots, key, what, owner, attr):
+    def put(v):
+        if v is _MISSING:
+            try:
+                delattr(owner, attr)
+            except AttributeError:
+                pass
+        else:
+            setattr(owner, attr, v)
+    slots.add(key, what, lambda: getattr(owner, attr, _MISSING), put)
+
+
+def _dict_slots(slots, prefix, what, d, put_owner=None, names=None):
+    for k in list(names if names is not None else d):
+        if k in _IGNORE or (k.startswith("__") and k.endswith("__") and k not in _DUNDER_OK):
+            continue
+        if put_owner is None:
+            def put(v, d=d, k=k):
+                if v is _MISSING:
+                    d.pop(k, None)
+                else:
+                    d[k] = v
+        else:
+            def put(v, o=put_owner, k=k):
+                if v is _MISSING:
+                    try:
+                        delattr(o, k)
+                    except AttributeError:
+                        pass
+                else:
+                    setattr(o, k, v)
+        slots.add(prefix + k, what.format(name=k), lambda d=d, k=k: d.get(k, _MISSING), put)
+
+
+def _object_slots(slots, label, obj):
+    """The methods of obj's classes and obj's own attributes that would shadow them."""
+    for cls in type(obj).__mro__:
+        if cls is object or cls.__module__ == "builtins":
+            continue
+        names = [k for k, v in vars(cls).items() if callable(v) or isinstance(v, (staticmethod, classmethod, property))]
+        _dict_slots(slots, f"cls:{cls.__module__}.{cls.__qualname__}.", f"IPython's {label}.{{name}}", vars(cls),
+                    put_owner=cls, names=names)
+    own = getattr(obj, "__dict__", {})
+    methods = {k for cls in type(obj).__mro__ for k, v in vars(cls).items() if callable(v)}
+    for k in methods:
+        if k in _IGNORE:
+            continue
+        def put(v, o=obj, k=k):
+            if v is _MISSING:
+                vars(o).pop(k, None)
+            else:
+                vars(o)[k] = v
+        slots.add(f"own:{label}.{k}", f"IPython's {label}.{k}", lambda o=own, k=k: o.get(k, _MISSING), put)
+
+
+def _baseline(prefixes):
+    ip = _ip
+    slots = _Slots()
+    itm = ip.input_transformer_manager
+    _list_slot(slots, "ast", "an AST transformer (get_ipython().ast_transformers)", ip, "ast_transformers")
+    _list_slot(slots, "input_post", "an input transformer (input_transformers_post)", ip, "input_transformers_post")
+    for attr in ("cleanup_transforms", "line_transforms", "token_transformers"):
+        _list_slot(slots, "input_" + attr, f"an input transformer ({attr})", itm, attr)
+    for attr in ("input_transformer_manager", "events", "compile", "CustomTB", "displayhook", "display_pub",
+                 "InteractiveTB", "SyntaxTB"):
+        _attr_slot(slots, "shell:" + attr, f"IPython's {attr}", ip, attr)
+    slots.add("custom_exc", "a custom exception handler (set_custom_exc)",
+              lambda: tuple(ip.custom_exceptions), lambda v: setattr(ip, "custom_exceptions", tuple(v)))
+    events = ip.events
+    for name in list(events.callbacks):
+        def put_event(v, n=name):
+            kept = [cb for cb in events.callbacks.get(n, ()) if _allowed(cb) and cb not in v]
+            events.callbacks[n] = list(v) + kept
+        slots.add("event:" + name, f"a {name} callback (events.register)",
+                  lambda n=name: tuple(cb for cb in events.callbacks.get(n, ()) if not _allowed(cb)), put_event)
+    def put_trace(v):
+        _ENTRY["trace"] = v
+        _settrace(v)
+    slots.add("trace", "a trace function (sys.settrace)", lambda: _ENTRY["trace"], put_trace)
+    slots.add("thread_trace", "a trace function for threads (threading.settrace)",
+              lambda: getattr(_threading, "_trace_hook", None), _threading.settrace)
+    for name in ("stdout", "stderr", "displayhook", "excepthook"):
+        _attr_slot(slots, "sys:" + name, f"sys.{name}", _sys, name)
+    _dict_slots(slots, "builtin:", "the built-in {name}", vars(_builtins))
+    ns = ip.user_global_ns
+    slots.add("ns:__builtins__", "the notebook's __builtins__", lambda: ns.get("__builtins__", _MISSING),
+              lambda v: ns.__setitem__("__builtins__", v))
+    for obj, label in ((ip, "shell"), (ip.compile, "compile"), (events, "events"), (itm, "input_transformer_manager"),
+                       (getattr(ip, "kernel", None), "kernel")):
+        if obj is not None:
+            _object_slots(slots, label, obj)
+    kernel = getattr(ip, "kernel", None)
+    if kernel is not None and isinstance(getattr(kernel, "shell_handlers", None), dict):
+        _dict_slots(slots, "handler:", "the kernel's {name} handler", kernel.shell_handlers)
+    guarded = sorted(n for n, m in list(_sys.modules.items())
+                     if isinstance(m, _types.ModuleType) and any(n == p or n.startswith(p + ".") for p in prefixes))
+    for n in guarded:
+        mod = _sys.modules[n]
+        slots.add("module:" + n, f"the module {n}", lambda n=n: _sys.modules.get(n, _MISSING),
+                  lambda v, n=n: _sys.modules.__setitem__(n, v))
+        d = vars(mod)
+        _dict_slots(slots, f"attr:{n}.", n + ".{name}", d)
+        for k, f in list(d.items()):
+            if isinstance(f, _types.FunctionType):
+                for a in ("__code__", "__defaults__", "__kwdefaults__"):
+                    _attr_slot(slots, f"code:{n}.{k}.{a}", f"{n}.{k}", f, a)
+    # what the setup cells defined: modules, functions and classes by name (data may change)
+    setup_names = [k for k, v in ns.items()
+                   if not k.startswith("_") and isinstance(v, (_types.ModuleType, _types.FunctionType, type))]
+    _dict_slots(slots, "ns:", "{name} (defined by the notebook's setup)", ns, names=setup_names)
+    return slots
+
+
+class _Guard:
+    def __init__(self, prefixes):
+        self.slots = _baseline(prefixes)
+        self.base = [(item, item[2]()) for item in self.slots.items]
+        self.saved = []
+
+    def _changed(self, skip=()):
+        out = []
+        for item, value in self.base:
+            if skip and skip(item[0]):
+                continue
+            try:
+                now = item[2]()
+            except Exception:
+                now = _MISSING
+            if not _same(now, value):
+                out.append((item, value, now))
+        return out
+
+    def reset(self):
+        """Put the baseline back for a test cell; keep what it replaced for after the test."""
+        _ENTRY["trace"] = _gettrace()
+        _settrace(None)
+        changed = self._changed()
+        self.saved = [(item, now) for item, value, now in changed]
+        failed = []
+        for item, value, now in changed:
+            try:
+                item[3](value)
+            except Exception:
+                failed.append(item[0])
+        return _dumps({"removed": sorted({item[0] for item, value, now in changed}), "failed": failed})
+
+    def check(self):
+        """What changed while the test ran, set back to the baseline; then the student's own state
+        as it was before the test. Names bound in the notebook and private attributes of modules
+        (a library's own caches) are not counted."""
+        _ENTRY["trace"] = _gettrace()
+        _settrace(None)
+
+        def skip(key):
+            return key.startswith("ns:") or (key.startswith("attr:") and key.rsplit(".", 1)[-1].startswith("_"))
+        changed = self._changed(skip)
+        for item, value, now in changed:
+            try:
+                item[3](value)
+            except Exception:
+                pass
+        # the answer first: what is put back next may be the student's own built-ins
+        answer = _dumps({"changed": sorted({item[0] for item, value, now in changed})})
+        saved, self.saved = self.saved, []
+        for item, now in saved:
+            try:
+                item[3](now)
+            except Exception:
+                pass
+        return answer
+'''
+
+
+# ---- the student's feedback, composed by the grader ---------------------------------------------------
+# What a student sees of a test cell is built here from a finite set of pieces: the part's name, its
+# points, passed / failed / stopped, the exception's type (a built-in one, else "an error") and its
+# message only when the message is made of the instructor's own strings (the literals and f-string
+# parts of the notebook's locked cells) with a few short numbers in the placeholders. Outputs of
+# every other cell that ran after the first hidden test are left out: student code could have kept
+# a hidden test and print it there.
+VERDICT_KEY = "grading_sandbox"
+TAMPERED = "ChangedHowCellsRun"
+FEEDBACK_PREFIX = "[grader]"
+AFTER_HIDDEN_NOTICE = ("[grader] output not shown in the feedback: this cell ran after a hidden test "
+                       "(run the notebook yourself to see it)\n")
+MAX_NUMBERS = 6          # numbers a message may show, each to NUMBER_DIGITS significant digits
+NUMBER_DIGITS = 4
+MAX_PIECES = 12          # instructor's strings a message may be made of
+MAX_WORDS = 12           # placeholders a message may fill with one of the instructor's short strings
+MAX_WORD = 40            # the longest instructor's string that may fill a placeholder
+_NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?inf|nan"
+_NUMRUN = (rf"[\[\(\s]*(?:{_NUM})(?:[\s,\[\]\(\)]+(?:{_NUM}))*[\s\]\)]*(?:\.\.\.)?")
+_FORMAT_HOLE = re.compile(r"\{[^{}]*\}|%[-+ #0]*\d*(?:\.\d+)?[sdifgeEr]")
+# exception names a student may see (others: "an error"): Python's own, numpy's LinAlgError, the grader's
+SAFE_ENAMES = frozenset(
+    [n for n, v in vars(builtins).items()
+     if isinstance(v, type) and issubclass(v, BaseException)]
+    + ["LinAlgError", STOPPED, NOT_RUN, MEMORY, "KernelDied", TAMPERED])
+
+
+# fixed messages of the libraries a test may quote (numpy's linear algebra errors): no text of a student's
+LIBRARY_MESSAGES = ("Matrix is not positive definite", "Singular matrix", "SVD did not converge",
+                    "Eigenvalues did not converge", "Last 2 dimensions of the array must be square")
+
+
+def _without_magics(source):
+    return "\n".join("pass" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+
+
+def message_templates(sources):
+    """The instructor's message templates in `sources` (code): each string literal, and each
+    f-string as its literal parts with placeholders (None) between them; `{...}` and `%s`-style
+    fields inside a literal are placeholders too; and LIBRARY_MESSAGES. Returns (templates, words):
+    words are the short literals (and their repr) a placeholder may show."""
+    templates, words = set(), set()
+    for source in sources:
+        try:
+            tree = ast.parse(_without_magics(source))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                parts = []
+                last = 0
+                for m in _FORMAT_HOLE.finditer(node.value):
+                    parts += [node.value[last:m.start()], None]
+                    last = m.end()
+                parts.append(node.value[last:])
+                templates.add(tuple(p for p in parts if p != ""))
+                if 0 < len(node.value) <= MAX_WORD:
+                    words.add(node.value)
+            elif isinstance(node, ast.JoinedStr):
+                parts = []
+                for v in node.values:
+                    if isinstance(v, ast.Constant) and isinstance(v.value, str):
+                        parts.append(v.value)
+                    elif not parts or parts[-1] is not None:
+                        parts.append(None)
+                templates.add(tuple(parts))
+    templates.discard(())
+    templates |= {(m,) for m in LIBRARY_MESSAGES}
+    words |= {"True", "False", "None"} | {repr(w) for w in words}
+    return sorted(templates, key=lambda t: [(p is None, p or "") for p in t]), sorted(words)
+
+
+class MessageFilter:
+    """Whether an error message is made of the instructor's templates (see message_templates), and
+    the message as the student may see it (numbers rounded, at most MAX_NUMBERS of them)."""
+
+    def __init__(self, sources):
+        templates, words = message_templates(sources)
+        word = "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True))
+        hole = f"((?:{_NUMRUN})|(?:{word})|)" if word else f"((?:{_NUMRUN})|)"
+        self.patterns = []
+        for t in templates:
+            rx = "".join(hole if p is None else re.escape(p) for p in t)
+            self.patterns.append((t, re.compile(rx, re.S)))
+
+    def compose(self, message):
+        """The message rebuilt from the instructor's pieces, or None when it is not made of them."""
+        n = len(message)
+        found = {0: []}
+        frontier = [0]
+        for _ in range(MAX_PIECES):
+            if n in found:
+                break
+            new = []
+            for pos in frontier:
+                for t, rx in self.patterns:
+                    m = rx.match(message, pos)
+                    if m and m.end() > pos and m.end() not in found:
+                        found[m.end()] = found[pos] + [(t, m)]
+                        new.append(m.end())
+            if not new:
+                break
+            frontier = new
+        if n not in found:
+            return None
+        out, count = [], [0]
+
+        def number(m):
+            count[0] += 1
+            if count[0] > MAX_NUMBERS:
+                return "…"
+            text = m.group(0)
+            try:
+                value = float(text)
+            except ValueError:
+                return text
+            return text if value != value or abs(value) == math.inf else f"{value:.{NUMBER_DIGITS}g}"
+
+        words = 0
+        for t, m in found[n]:
+            k = 0
+            for p in t:
+                if p is None:
+                    k += 1
+                    filler = m.group(k)
+                    if re.fullmatch(_NUMRUN, filler or "-"):
+                        out.append(re.sub(_NUM, number, filler))
+                    else:
+                        words += 1
+                        out.append(filler)
+                else:
+                    out.append(p)
+        return "".join(out) if words <= MAX_WORDS else None
+
+
+def _code_cells_of_instructor(nb):
+    """The sources of the notebook's locked, non-answer code cells (setup and tests)."""
+    return [c.source for c in nb.cells if c.cell_type == "code" and utils.is_locked(c) and not utils.is_solution(c)]
+
+
+def _has_hidden_tests(cell):
+    return "BEGIN HIDDEN TESTS" in cell.get("source", "")
+
+
+def _points(cell):
+    m = cell.metadata.get("nbgrader", {})
+    score, points = m.get("score"), m.get("points")
+
+    def fmt(x):
+        return f"{float(x):g}"
+    if points is None:
+        return ""
+    unit = "point" if float(points) == 1 else "points"
+    return f" ({fmt(score) if score is not None else '?'} of {fmt(points)} {unit})"
+
+
+def feedback_line(cell, filt):
+    """The one line a student sees for a graded test cell, composed from the grader's verdict."""
+    gid = cell.metadata.get("nbgrader", {}).get("grade_id", "test")
+    verdict = cell.metadata.get(VERDICT_KEY, {})
+    kind = verdict.get("verdict")
+    errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    stderr = any(o.get("output_type") == "stream" and o.get("name") == "stderr" for o in cell.get("outputs", []))
+    head = f"{FEEDBACK_PREFIX} {gid}:"
+    pts = _points(cell)
+    if kind == "stopped":
+        return f"{head} stopped after {int(verdict.get('seconds', 0))} s ({verdict.get('why', 'time limit')}){pts}"
+    if kind == "not_run":
+        return f"{head} not run: the notebook used up its time budget{pts}"
+    if kind == "memory":
+        return f"{head} stopped: exceeded {_gib(float(verdict.get('gib', 0)))} of memory{pts}"
+    if kind == "died":
+        return f"{head} stopped: the kernel died while this cell ran{pts}"
+    if kind == "tampered":
+        what = ", ".join(w for w in verdict.get("what", []) if w in TAMPER_PHRASES.values()) or "the kernel's state"
+        return f"{head} failed: your code changed how cells run ({what}){pts}"
+    if not errors and not stderr and kind in ("passed", None):
+        return f"{head} passed{pts}"
+    if not errors:
+        return f"{head} failed: the test wrote to stderr (a warning or an error message){pts}"
+    err = errors[-1]
+    ename = err.get("ename", "")
+    shown = ename if ename in SAFE_ENAMES else "an error"
+    message = filt.compose(err.get("evalue", "")) if shown != "an error" else None
+    if message is None:
+        return (f"{head} failed: {shown} raised in your code; run the visible tests in your notebook to see "
+                f"the message{pts}")
+    return f"{head} failed: {shown}{': ' + message if message else ''}{pts}"
+
+
+class SealedFeedback(ClearHiddenTests):
+    """Feedback (generate_feedback): test cells as students saw them (hidden tests removed), each
+    with one line composed by the grader (feedback_line) instead of its outputs; the outputs of
+    every other cell that ran after the first hidden test replaced by a notice."""
+
+    # nbconvert's HTML exporter configures display_data_priority for every NbConvertBase; accept it
+    # (unused), or nbgrader warns "Config option `display_data_priority` not recognized"
+    display_data_priority = List(["text/html", "application/pdf", "text/latex", "image/svg+xml", "image/png",
+                                  "image/jpeg", "text/markdown", "text/plain"]).tag(config=True)
+
+    def preprocess(self, nb, resources):
+        sources = _code_cells_of_instructor(nb)
+        setup = [c.source for c in nb.cells if c.cell_type == "code" and utils.is_locked(c)
+                 and not utils.is_solution(c) and not utils.is_grade(c)]
+        hidden = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and _has_hidden_tests(c)]
+        self._first_hidden = hidden[0] if hidden else len(nb.cells)
+        self._setup = setup
+        del sources
+        nb.metadata.pop("widgets", None)
+        return super().preprocess(nb, resources)
+
+    def preprocess_cell(self, cell, resources, cell_index):
+        test = cell.cell_type == "code" and utils.is_grade(cell) and not utils.is_solution(cell)
+        if test:
+            filt = MessageFilter(self._setup + [cell.source])
+        cell, resources = super().preprocess_cell(cell, resources, cell_index)
+        if test:
+            cell.outputs = [NotebookNode(output_type="stream", name="stdout", text=feedback_line(cell, filt) + "\n")]
+        elif cell.cell_type == "code" and cell_index > self._first_hidden and cell.get("outputs"):
+            cell.outputs = [NotebookNode(output_type="stream", name="stdout", text=AFTER_HIDDEN_NOTICE)]
+        cell.metadata.pop(VERDICT_KEY, None)
+        return cell, resources
+
+
+# what the guard's keys mean, in the words the student and the instructor see
+TAMPER_PHRASES = {
+    "ast": "an AST transformer", "input_": "an input transformer", "event:": "an IPython event callback",
+    "custom_exc": "a custom exception handler", "shell:CustomTB": "a custom exception handler",
+    "trace": "a trace function", "thread_trace": "a trace function", "builtin:": "a built-in function",
+    "ns:__builtins__": "a built-in function", "module:": "a library module", "attr:": "a library function",
+    "code:": "a library function", "shell:": "IPython's shell", "cls:": "IPython's shell", "own:": "IPython's shell",
+    "handler:": "IPython's shell", "sys:": "sys.stdout, sys.stderr or sys's hooks",
+}
+# modules whose functions are put back before each test cell (with their submodules, those imported
+# by the setup cells)
+GUARDED_MODULES = ("numpy", "scipy", "math", "cmath", "operator", "functools", "statistics", "gpclab", "sklearn")
+
+
+def _phrase(key):
+    for prefix in sorted(TAMPER_PHRASES, key=len, reverse=True):
+        if key == prefix or key.startswith(prefix):
+            return TAMPER_PHRASES[prefix]
+    return "the kernel's state"
+
+
+def _plain_key(key):
+    """A guard's key as the instructor's message shows it (names only, short)."""
+    return re.sub(r"[^\w.:]", "", str(key))[:60]
+
+
+def _char_offset(lines, lineno, col):
+    line = lines[lineno - 1] if lineno - 1 < len(lines) else ""
+    return sum(len(x) for x in lines[:lineno - 1]) + len(line.encode()[:col].decode("utf-8", "replace"))
+
+
+def with_marker(source, marker):
+    """The test cell's source with a last statement that prints `marker`; a last expression (its
+    value is the cell's result, e.g. partial credit) stays the cell's result."""
+    stmt = f"print({marker!r})"
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source.rstrip() + "\n" + stmt + "\n"
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = tree.body[-1]
+        lines = source.splitlines(keepends=True)
+        start = _char_offset(lines, last.lineno, last.col_offset)
+        end = _char_offset(lines, last.end_lineno, last.end_col_offset)
+        return source[:start] + f"({source[start:end]},\n{stmt})[0]" + source[end:] + "\n"
+    return source.rstrip() + "\n" + stmt + "\n"
+
+
+def take_marker(cell, marker):
+    """Remove the marker's line from the cell's outputs; whether it was printed."""
+    found = False
+    kept = []
+    merged = []
+    for out in cell.get("outputs", []):      # consecutive writes to one stream as one output
+        if (out.get("output_type") == "stream" and merged and merged[-1].get("output_type") == "stream"
+                and merged[-1].get("name") == out.get("name")):
+            merged[-1]["text"] = merged[-1].get("text", "") + out.get("text", "")
+        else:
+            merged.append(out)
+    for out in merged:
+        if out.get("output_type") == "stream":
+            text = out.get("text", "")
+            if out.get("name") == "stdout" and marker + "\n" in text:
+                found = True
+                text = text.replace(marker + "\n", "", 1)
+            text = text.replace(marker, "")
+            out["text"] = text
+            if not text:
+                continue
+        elif out.get("output_type") == "error":
+            out["evalue"] = out.get("evalue", "").replace(marker, "…")
+            out["traceback"] = [t.replace(marker, "…") for t in out.get("traceback", [])]
+        kept.append(out)
+    cell.outputs = kept
+    return found
+
+
+# the files of a submission that `nbgrader release_feedback` reads from feedback/
+RELEASE_FEEDBACK_FILES = ("timestamp.txt", "submission_secret.txt")
+
+
+def feedback_without_files():
+    """Make `nbgrader generate_feedback` write only the feedback's HTML and the submission's
+    timestamp.txt and submission_secret.txt (which `release_feedback` needs), taken from
+    submitted/ as `collect` left them: nbgrader copies every file of the autograded folder into
+    feedback/, and student code writes in that folder (those two files included)."""
+    from nbgrader.converters import GenerateFeedback
+
+    def init_assignment(self, assignment_id, student_id):
+        dest = self._format_dest(assignment_id, student_id)
+        submitted = self.coursedir.format_path(self.coursedir.submitted_directory, student_id, assignment_id)
+        os.makedirs(dest, exist_ok=True)
+        for name in RELEASE_FEEDBACK_FILES:
+            path = os.path.join(submitted, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                shutil.copyfile(path, os.path.join(dest, name))
+        self.log.info("Feedback of %s for %s: the HTML and submitted/'s %s only", assignment_id, student_id,
+                      " and ".join(RELEASE_FEEDBACK_FILES))
+
+    GenerateFeedback.init_assignment = init_assignment
+
+
 def _error(ename, evalue):
     return NotebookNode(output_type="error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
 
@@ -928,6 +1497,16 @@ class SandboxedExecute(Execute):
     notebook_output_mib = Float(10.0, help=(
         "Output all cells of a notebook keep together, in MiB; beyond it every cell's output is "
         "dropped as beyond a cell's limit. 0: no limit.")).tag(config=True)
+    guard = Bool(True, help=(
+        "Before each test cell put back how cells run as it was after the setup cells (IPython's "
+        "transformers, event callbacks and exception handlers, trace functions, built-ins, library "
+        "functions); count a test only when it ran to its last statement; a test during which "
+        "student code changed how cells run scores 0.")).tag(config=True)
+    guarded_modules = List(Unicode(), list(GUARDED_MODULES), help=(
+        "Modules (with their submodules) whose functions are put back before each test cell, as "
+        "they were after the setup cells.")).tag(config=True)
+    guard_timeout = Float(30.0, help=(
+        "Seconds the kernel has to answer the guard before and after a test cell.")).tag(config=True)
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("kernel_manager_class", SandboxedKernelManager)
@@ -941,8 +1520,15 @@ class SandboxedExecute(Execute):
         self._stops = []
         self.iopub_timeout = max(self.iopub_timeout, int(math.ceil(self.interrupt_grace)))
         self.timeout_func = self._cell_timeout
+        self._guard_name = None       # the guard's module in the current kernel (False: could not install)
+        for cell in nb.cells:         # a verdict only the grader writes
+            cell.metadata.pop(VERDICT_KEY, None)
         started = time.time()
         nb, resources = super().preprocess(nb, resources, km)
+        for cell in nb.cells:
+            if self._is_test(cell) and VERDICT_KEY not in cell.metadata:
+                errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+                cell.metadata[VERDICT_KEY] = {"verdict": "failed" if errors else "passed"}
         n = neutralise_outputs(nb)
         if n:
             self.log.warning("%d output(s) held HTML, script or other active types: kept as plain text", n)
@@ -981,11 +1567,13 @@ class SandboxedExecute(Execute):
             cell.outputs = [_error(NOT_RUN, (
                 f"not run: the notebook used up its time budget of {self.submission_timeout} s "
                 "(an earlier cell ran too long)"))]
+            cell.metadata[VERDICT_KEY] = {"verdict": "not_run"}
             return cell, self.resources
         if self._kernel_lost and not self._restart_and_replay():
             cell.outputs = [_error(NOT_RUN, (
                 "not run: the kernel was stopped and the cells before this one could not be run "
                 f"again within the notebook's time budget of {self.submission_timeout} s"))]
+            cell.metadata[VERDICT_KEY] = {"verdict": "not_run"}
             return cell, self.resources
         status = self._run(cell, index, store_history=not self._is_test(cell))
         if status == "ok":
@@ -995,9 +1583,107 @@ class SandboxedExecute(Execute):
     def _is_test(self, cell):
         return self.seal and utils.is_grade(cell) and not utils.is_solution(cell)
 
+    def _is_setup(self, cell):
+        """An instructor's read-only cell that is not a test (nbgrader restored its source)."""
+        m = cell.metadata.get("nbgrader", {})
+        return bool(m.get("grade_id") and m.get("locked") and not m.get("solution") and not m.get("grade"))
+
     def _run(self, cell, index, store_history=True):
         """Execute one cell within its time budget: 'ok' (finished, with or without an error),
-        'stopped' (ran too long) or 'lost' (the kernel died or had to be killed)."""
+        'stopped' (ran too long) or 'lost' (the kernel died or had to be killed). A test cell runs
+        under the guard (see `guard`)."""
+        if not (self.guard and self.seal):
+            return self._run_cell(cell, index, store_history)
+        if self._guard_name is None and not self._is_setup(cell):
+            self._install_guard()
+        if not self._is_test(cell) or not self._guard_name:
+            return self._run_cell(cell, index, store_history)
+        removed = self._guard_call("reset")
+        marker = "grader-" + secrets.token_hex(16)
+        source = cell.source
+        cell.source = with_marker(source, marker)
+        try:
+            status = self._run_cell(cell, index, store_history)
+        finally:
+            cell.source = source
+        printed = take_marker(cell, marker)
+        if status == "lost":
+            return status
+        found = self._guard_call("check")
+        if status != "ok":
+            return status
+        problems = []
+        if removed is None or found is None:
+            problems.append("the grader could not check the kernel's state")
+            keys = []
+        else:
+            keys = list(found.get("changed", []))
+            if removed.get("failed"):
+                keys += list(removed["failed"])
+            if removed.get("removed"):
+                self.log.info("before %s: put back %s", cell.metadata.get("nbgrader", {}).get("grade_id"),
+                              ", ".join(_plain_key(k) for k in removed["removed"][:20]))
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if not errors and not printed:
+            problems.append("the test did not run to its last statement (an error was swallowed or cleared)")
+        if keys:
+            phrases = sorted({_phrase(k) for k in keys})
+            problems.append("changed while the test ran: " + ", ".join(phrases) +
+                            " (" + ", ".join(_plain_key(k) for k in keys[:6]) + ("..." if len(keys) > 6 else "") + ")")
+        if problems:
+            phrases = sorted({_phrase(k) for k in keys})
+            evalue = "your code changed how cells run: " + "; ".join(problems)
+            cell.outputs.append(_error(TAMPERED, evalue))
+            cell.metadata[VERDICT_KEY] = {"verdict": "tampered", "what": phrases}
+            self.log.warning("cell %d: %s", index, evalue)
+        return status
+
+    def _install_guard(self):
+        """The guard's module in the kernel, with its baseline taken now (before any student cell)."""
+        name = "_" + secrets.token_hex(8)
+        src = (f"import sys, types\nfrom IPython import get_ipython\nm = types.ModuleType({name!r})\n"
+               f"m.get_ipython = get_ipython\nexec({GUARD_SOURCE!r}, m.__dict__)\n"
+               f"m.guard = m._Guard({tuple(self.guarded_modules)!r})\nsys.modules[{name!r}] = m\n")
+        self._guard_name = name
+        if self._guard_request(f"exec({src!r}, {{}}) or 'ok'") != "ok":
+            self.log.warning("could not install the grading guard in the kernel: test cells run without it")
+            self._guard_name = False
+
+    def _guard_call(self, op):
+        got = self._guard_request(f"__import__('sys').modules[{self._guard_name!r}].guard.{op}()")
+        try:
+            return json.loads(got)
+        except (TypeError, ValueError):
+            return None
+
+    def _guard_request(self, expr):
+        """Evaluate `expr` in the kernel (as a user expression of an empty, silent request: no
+        input transformers, AST transformers or history); its str value, or None."""
+        try:
+            return run_sync(self._async_guard_request)(expr)
+        except Exception as exc:           # noqa: BLE001  (a kernel that does not answer)
+            self.log.warning("grading guard: %s", exc)
+            return None
+
+    async def _async_guard_request(self, expr):
+        msg_id = self.kc.execute("", silent=True, store_history=False, user_expressions={"r": expr},
+                                 allow_stdin=False)
+        deadline = time.monotonic() + self.guard_timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no answer from the kernel")
+            msg = await ensure_async(self.kc.shell_channel.get_msg(timeout=left))
+            if msg.get("parent_header", {}).get("msg_id") == msg_id:
+                break
+        r = msg.get("content", {}).get("user_expressions", {}).get("r", {})
+        if r.get("status") != "ok":
+            raise RuntimeError(f"{r.get('ename')}: {r.get('evalue')}")
+        text = r.get("data", {}).get("text/plain", "")
+        value = ast.literal_eval(text)
+        return value if isinstance(value, str) else None
+
+    def _run_cell(self, cell, index, store_history=True):
         timeout = self._cell_timeout(cell)
         t0 = time.monotonic()
         try:
@@ -1007,6 +1693,7 @@ class SandboxedExecute(Execute):
             self._kill_kernel()
             cell.outputs = [o for o in cell.get("outputs", []) if o.get("output_type") != "error"]
             cell.outputs.append(self._stopped(timeout, killed=True))
+            cell.metadata[VERDICT_KEY] = self._stop_verdict(timeout)
             return "lost"
         except DeadKernelError:
             gib = self._memory_gib()
@@ -1014,12 +1701,14 @@ class SandboxedExecute(Execute):
             limit = f" (or exceeded its memory limit of {_gib(gib)})" if gib else ""
             cell.outputs = [o for o in cell.get("outputs", []) if o.get("output_type") != "error"]
             cell.outputs.append(_error(MEMORY if gib else "KernelDied", f"the kernel died while this cell ran{limit}"))
+            cell.metadata[VERDICT_KEY] = {"verdict": "memory", "gib": gib} if gib else {"verdict": "died"}
             return "lost"
         errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
         if any(o.get("ename") == "CellTimeoutError" for o in errors):
             # stopped by the interrupt: the kernel lives on
             cell.outputs = [o for o in cell.outputs if o.get("output_type") != "error"]
             cell.outputs.append(self._stopped(timeout, killed=False))
+            cell.metadata[VERDICT_KEY] = self._stop_verdict(timeout)
             self.log.warning("cell %d stopped after %.0f s", index, time.monotonic() - t0)
             return "stopped"
         gib = self._memory_gib()
@@ -1028,7 +1717,12 @@ class SandboxedExecute(Execute):
                 o["ename"] = MEMORY
                 o["evalue"] = f"exceeded {_gib(gib)}: the cell asked for more memory than a submission may use ({_gib(gib)})"
                 o["traceback"] = [f"{MEMORY}: {o['evalue']}"]
+                cell.metadata[VERDICT_KEY] = {"verdict": "memory", "gib": gib}
         return "ok"
+
+    def _stop_verdict(self, timeout):
+        why = "the cell's limit" if timeout is not None and (self.timeout or 0) <= timeout + 1 else "the notebook's time budget"
+        return {"verdict": "stopped", "seconds": int(timeout or 0), "why": why}
 
     def _stopped(self, timeout, killed):
         why = "the cell's limit" if timeout is not None and (self.timeout or 0) <= timeout + 1 else "the notebook's time budget"
@@ -1051,6 +1745,7 @@ class SandboxedExecute(Execute):
             self.shutdown_kernel = mode
         self.km = self.kc = None
         self._kernel_lost = True
+        self._guard_name = None
 
     def _restart_and_replay(self):
         """A new kernel, then the cells that had finished, run again without keeping their

@@ -75,11 +75,142 @@ HOSTILE = {
                                          "AssertionError = Warning\n"
                                          "def mul(a, b):\n    return a + b")},
 }
+
+# ---- sealed feedback: hostile code that finds a hidden test and prints it encoded -----------------------
+# Each prints "LEAK:<encoding>:<payload>" lines; the instructor's autograded notebook keeps what the
+# substring scrub does not recognise (hex, rot13, zlib), which proves the route found the hidden test.
+_EMIT = (
+    "import base64, binascii, codecs, zlib\n"
+    "def _emit(text, how):\n"
+    "    if how == 'chunks':\n"
+    "        for i in range(0, len(text), 12):\n"
+    "            print('LEAK:chunks:' + text[i:i + 12])\n"
+    "    elif how == 'hex':\n"
+    "        print('LEAK:hex:' + text.encode().hex())\n"
+    "    elif how == 'rot13':\n"
+    "        for line in text.splitlines():\n"
+    "            print('LEAK:rot13:' + codecs.encode(line, 'rot13'))\n"
+    "    else:\n"
+    "        print('LEAK:zlib:' + base64.b64encode(zlib.compress(text.encode())).decode())\n")
+_ROUTES = {
+    # IPython's history (test cells are not in it: this finds the student's own cells)
+    "history": "In[-1] + '\\n'.join(_ih) + str(list(get_ipython().history_manager.get_range()))",
+    # the calling frame's code: its constants and names, and its source through linecache
+    "frame": ("repr(sys._getframe(1).f_code.co_consts) + repr(sys._getframe(1).f_code.co_names) + "
+              "''.join(__import__('linecache').getlines(sys._getframe(1).f_code.co_filename))"),
+    "inspect": "__import__('inspect').getsource(sys._getframe(1))",
+    # every source IPython registered with linecache
+    "linecache": ("'\\n'.join(''.join(v[2]) for v in list(__import__('linecache').cache.values()) "
+                  "if isinstance(v, tuple) and len(v) > 2 and 'BEGIN HIDDEN' in ''.join(v[2]))"),
+}
+
+
+def _leaker(route, how, later, later_part="partC"):
+    """partA's add finds the calling test by `route` and prints it (`how`); a later part prints
+    what it kept (`later`: an encoding), or raises it as its error's message ('raise')."""
+    answers = {"partA_answer": (_EMIT + "seen = ''\ndef add(a, b):\n    global seen\n"
+                                f"    seen = {_ROUTES[route]}\n    _emit(seen, {how!r})\n    return a + b")}
+    if later == "raise":
+        answers["partB_answer"] = ("def mul(a, b):\n    raise ValueError('LEAK:hex:' + seen.encode().hex())")
+    else:
+        name, body = ("partB_answer", "def mul(a, b):\n    return a * b") if later_part == "partB" else \
+            ("partC_answer", "def neg(a):\n    return -a")
+        answers[name] = (f"_emit(seen, {later!r})\nopen('stolen.txt', 'w').write(seen.encode().hex())\n" + body)
+    return answers
+
+
+LEAKERS = {
+    "seal_history_chunks": _leaker("history", "chunks", "hex", "partB"),
+    "seal_frame_hex": _leaker("frame", "hex", "zlib"),
+    "seal_inspect_zlib": _leaker("inspect", "zlib", "raise"),
+    "seal_linecache_rot13": _leaker("linecache", "rot13", "chunks"),
+}
+LEAKERS["seal_linecache_rot13"]["partC_answer"] = (
+    "import codecs\ndef neg(a):\n    raise AssertionError('LEAK:rot13:' + codecs.encode(seen, 'rot13'))")
+# writes the hidden test into the working folder's timestamp.txt (which nbgrader's feedback would copy)
+LEAKERS["seal_tampered_stamp"] = {
+    "partA_answer": (_EMIT + "def add(a, b):\n    text = " + _ROUTES["inspect"] + "\n"
+                     "    open('timestamp.txt', 'w').write('LEAK:hex:' + text.encode().hex())\n    return a + b")}
+HOSTILE.update(LEAKERS)
+
+# ---- hooks that change how cells run --------------------------------------------------------------------
+# a trace function that jumps from an assert to the next line that is not an assert (nor blank, nor a comment)
+_JUMP = ("def _jump(frame, event, arg):\n"
+         "    if event == 'line':\n"
+         "        def get(n):\n"
+         "            return linecache.getline(frame.f_code.co_filename, n).strip()\n"
+         "        if get(frame.f_lineno).startswith('assert'):\n"
+         "            n = frame.f_lineno + 1\n"
+         "            while n < frame.f_lineno + 200 and (not get(n) or get(n).startswith(('#', 'assert'))):\n"
+         "                n += 1\n"
+         "            try:\n"
+         "                frame.f_lineno = n\n"
+         "            except ValueError:\n"
+         "                pass\n"
+         "    return _jump\n")
+WRONG_B, WRONG_C = "def mul(a, b):\n    return 0", "def neg(a):\n    return 0"
+HOOKS = {
+    # an AST transformer that turns every assert into pass (in the student's cell, before the tests)
+    "hook_ast": {"partA_answer": ("import ast\nclass _NoAssert(ast.NodeTransformer):\n"
+                                  "    def visit_Assert(self, node):\n        return ast.Pass()\n"
+                                  "get_ipython().ast_transformers.append(_NoAssert())\n"
+                                  "def add(a, b):\n    return 0"),
+                 "partB_answer": WRONG_B, "partC_answer": WRONG_C},
+    # an exception handler that shows nothing, and a callback that clears the error
+    "hook_callback": {"partA_answer": ("def _quiet(shell, etype, value, tb, tb_offset=None):\n    return []\n"
+                                       "get_ipython().set_custom_exc((AssertionError,), _quiet)\n"
+                                       "def _clear(result):\n    result.error_in_exec = None\n"
+                                       "get_ipython().events.register('post_run_cell', _clear)\n"
+                                       "def add(a, b):\n    return 0"),
+                      "partB_answer": WRONG_B, "partC_answer": WRONG_C},
+    # a trace function that jumps over every assert it can (IPython runs each top-level statement as a
+    # code object of its own: only an assert followed by another line of a loop or block can be
+    # jumped over, as in partC's hidden test); partC's answer passes the visible test only
+    "hook_trace": {"partA_answer": ("import linecache\n"
+                                    + _JUMP +
+                                    "sys.settrace(lambda frame, event, arg: _jump if frame.f_code.co_name == '<module>' else None)\n"
+                                    "def add(a, b):\n    return 0"),
+                   "partB_answer": WRONG_B, "partC_answer": "def neg(a):\n    return -1 if a == 1 else 0"},
+    # the same trace function, set by the answer when the test calls it (for the test's next statements)
+    "hook_trace_in_test": {"partC_answer": ("import linecache\n"
+                                            + _JUMP +
+                                            "def neg(a):\n"
+                                            "    sys.settrace(lambda frame, event, arg: _jump if frame.f_code.co_name == '<module>' else None)\n"
+                                            "    return -1 if a == 1 else 0")},
+    # the handler and the callback installed by the answer while the test runs
+    "hook_exc_in_test": {"partA_answer": ("def _quiet(shell, etype, value, tb, tb_offset=None):\n    return []\n"
+                                          "def _clear(result):\n    result.error_in_exec = None\n"
+                                          "def add(a, b):\n"
+                                          "    get_ipython().set_custom_exc((AssertionError,), _quiet)\n"
+                                          "    get_ipython().events.register('post_run_cell', _clear)\n"
+                                          "    return 0")},
+    # a built-in the hidden test uses, replaced: abs says every difference is 0
+    "hook_builtins": {"partB_answer": ("import builtins\nbuiltins.abs = lambda x: 0\n"
+                                       "def mul(a, b):\n    return 6 if (a, b) == (2, 3) else -15 if (a, b) == (-3, 5) else 0")},
+    # legitimate: magics, extensions, progress bars, warnings filters, a figure
+    "legit_magics": {"partA_answer": ("%matplotlib inline\n%load_ext autoreload\n%autoreload 2\n"
+                                      "import warnings\nwarnings.filterwarnings('ignore')\n"
+                                      "from tqdm import tqdm\nfor _ in tqdm(range(3)):\n    pass\n"
+                                      "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()\n"
+                                      "def add(a, b):\n    return a + b"),
+                     "partB_answer": "%%time\ndef mul(a, b):\n    return a * b",
+                     "partC_answer": ("import matplotlib.pyplot as plt\n"
+                                      "def neg(a):\n    warnings.warn('a warning the filter hides')\n"
+                                      "    plt.figure(); plt.close('all')\n    return -a")},
+}
+HOSTILE.update(HOOKS)
+
 EXPECTED = {  # (A, B, C) points
     "good": (1, 1, 1), "loop": (0, 1, 1), "no_sigint": (0, 1, 1), "hog": (1, 0, 1),
     "leak_history": (1, 1, 1), "leak_frame": (1, 1, 1), "leak_inspect": (1, 1, 1), "environment": (1, 1, 1),
     "inject": (1, 1, 1), "cheat_eq": (0, 1, 1), "cheat_float": (1, 1, 0), "cheat_assertion": (1, 0, 1),
+    "seal_history_chunks": (1, 1, 1), "seal_frame_hex": (1, 1, 1), "seal_inspect_zlib": (1, 0, 1),
+    "seal_linecache_rot13": (1, 1, 0), "seal_tampered_stamp": (1, 1, 1),
+    "hook_ast": (0, 0, 0), "hook_callback": (0, 0, 0), "hook_trace": (0, 0, 0), "hook_trace_in_test": (1, 1, 0),
+    "hook_exc_in_test": (0, 1, 1), "hook_builtins": (1, 0, 1), "legit_magics": (1, 1, 1),
 }
+# the submissions whose tests found their code changing how cells run while a test ran
+TAMPERED = {"hook_trace_in_test": ["partC_works"], "hook_exc_in_test": ["partA_works"]}
 
 
 def _grade(course, env, *args):
@@ -112,7 +243,7 @@ def test_stopped_cells_say_why(toy):
     hog = T.outputs(toy["course"], "hog", "partB_works")
     assert "MemoryLimitExceeded" in hog and "exceeded 0.5 GiB" in hog
     # the summary names them, with the cell
-    assert re.search(r"graded 12, failed 0, with stopped cells 3", toy["out"]), toy["out"]
+    assert re.search(rf"graded {len(HOSTILE)}, failed 0, with stopped cells 3", toy["out"]), toy["out"]
     for student in ("loop", "no_sigint", "hog"):
         assert re.search(rf"stopped +toy {student} ", toy["out"]), toy["out"]
 
@@ -124,7 +255,7 @@ def test_hostile_submissions_cost_little_time(toy):
 
 
 def test_progress_bar_shows_count_rate_and_eta(toy):
-    assert "12/12" in toy["err"] and "submission/s" in toy["err"] or "s/submission" in toy["err"], toy["err"][-500:]
+    assert f"{len(HOSTILE)}/{len(HOSTILE)}" in toy["err"] and "submission/s" in toy["err"] or "s/submission" in toy["err"], toy["err"][-500:]
 
 
 def _texts(course, student):
@@ -220,7 +351,7 @@ def test_resume_grades_only_what_is_left(toy):
     os.remove(os.path.join(course, "autograded", "hog", "toy", "toy.ipynb"))
     out = _grade(course, env, "toy", "-j", "2", "--no-progress", "--", *LIMITS)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "2 submission(s) to grade (10 graded already, skipped)" in out.stdout, out.stdout
+    assert f"2 submission(s) to grade ({len(HOSTILE) - 2} graded already, skipped)" in out.stdout, out.stdout
     assert "graded 2, failed 0" in out.stdout
     assert T.grades(course, "good") == {"partA_works": 1, "partB_works": 1, "partC_works": 1}
     assert T.grades(course, "hog")["partB_works"] == 0
@@ -774,3 +905,193 @@ def test_output_cap_without_a_kernel():
     other = []
     ex.output(other, msg("display_data", data={"text/plain": "z" * 100}, metadata={}), None, 3)
     assert len(other) == 1 and "more output of this cell dropped" in other[0]["data"]["text/plain"]
+
+
+# ---- hooks that change how cells run: each scores 0 where it acted, and is reported -------------------
+def test_hooks_installed_while_a_test_runs_are_reported(toy):
+    """A test during which student code installed a hook (a trace function, an exception handler and
+    a callback that clears the error) scores 0 with "your code changed how cells run", and grade.py's
+    summary lists the submission; correct work with magics, extensions and warnings filters has none."""
+    for student, gids in TAMPERED.items():
+        assert re.search(rf"tampered toy {student} ", toy["out"]), toy["out"]
+        for gid in gids:
+            out = T.outputs(toy["course"], student, gid)
+            assert "ChangedHowCellsRun" in out and "your code changed how cells run" in out, out
+    assert f"changed how cells run {len(TAMPERED)}," in toy["out"], toy["out"]
+    for student in ("good", "legit_magics", "hook_ast", "hook_callback"):
+        assert not re.search(rf"tampered toy {student} ", toy["out"]), toy["out"]
+        for gid in ("partA_works", "partB_works", "partC_works"):
+            assert "ChangedHowCellsRun" not in T.outputs(toy["course"], student, gid), (student, gid)
+
+
+# ---- sealed feedback -----------------------------------------------------------------------------------
+def _normal(text):
+    return re.sub(r"[^0-9a-z]", "", text.lower())
+
+
+def _secret_windows(course, student, n=8):
+    """Every n-character run of the hidden tests' code (letters and digits only, string literals
+    left out: the instructor's messages are shown on purpose), less the runs that also occur in
+    what the student sees anyway (the released notebook) or wrote (the submission)."""
+    S = _sandbox_module()
+    known = []
+    for path in (os.path.join(course, "release", T.A, f"{T.A}.ipynb"),
+                 os.path.join(course, "submitted", student, T.A, f"{T.A}.ipynb")):
+        known.append(_normal("\n".join(c.source for c in nbformat.read(path, as_version=4).cells)))
+    known = "\n".join(known)
+    out = set()
+    for test in T.HIDDEN.values():
+        for line in test.splitlines():
+            for segment in S._code_segments(line):
+                norm = _normal(segment)
+                out |= {norm[i:i + n] for i in range(len(norm) - n + 1) if norm[i:i + n] not in known}
+    return out
+
+
+def _html_text(path):
+    import html
+
+    with open(path) as fh:
+        page = fh.read()
+    page = re.sub(r"(?s)<(style|script)\b.*?</\1>", " ", page)
+    return html.unescape(re.sub(r"(?s)<[^>]+>", " ", page))
+
+
+def _student_notebook(course, student):
+    """The autograded notebook as the feedback's preprocessor leaves it for the student."""
+    S = _sandbox_module()
+    nb = nbformat.read(os.path.join(course, "autograded", student, T.A, f"{T.A}.ipynb"), as_version=4)
+    nb, _ = S.SealedFeedback().preprocess(nb, {})
+    return nb
+
+
+def _decoded_leaks(text):
+    """What the hostile code's LEAK lines say, decoded."""
+    import base64
+    import codecs
+    import zlib
+
+    out = []
+    for how, payload in re.findall(r"LEAK:(hex|rot13|zlib):(.*)", text):
+        try:
+            out.append(bytes.fromhex(payload).decode() if how == "hex" else codecs.decode(payload, "rot13")
+                       if how == "rot13" else zlib.decompress(base64.b64decode(payload)).decode())
+        except ValueError:
+            pass
+    return "\n".join(out)
+
+
+def test_feedback_is_the_html_only(toy):
+    """generate_feedback copies nothing but the HTML (and submitted/'s timestamp.txt and
+    submission_secret.txt, not the kernel's folder's): files the kernel wrote (stolen.txt, env.json,
+    a timestamp.txt) stay in the instructor's autograded folder."""
+    for student in HOSTILE:
+        folder = os.path.join(toy["course"], "feedback", student, T.A)
+        # (these submissions come without nbgrader's timestamp.txt: a course's exchange round trip,
+        # tests/test_course.py, has it)
+        assert os.listdir(folder) == [f"{T.A}.html"], student
+    # the files the kernel wrote stayed in its sandbox's working folder (a tmpfs): not even the
+    # instructor's autograded folder has them
+    assert not os.path.exists(os.path.join(toy["course"], "autograded", "seal_frame_hex", T.A, "stolen.txt"))
+    stamp = os.path.join(toy["course"], "autograded", "seal_tampered_stamp", T.A, "timestamp.txt")
+    if os.path.exists(stamp):
+        with open(stamp) as fh:
+            assert "LEAK" not in fh.read()
+
+
+@pytest.mark.parametrize("student", sorted(LEAKERS))
+def test_feedback_holds_nothing_of_the_hidden_tests(toy, student):
+    """Code that read the calling hidden test (IPython's history, the frame's code and constants,
+    `inspect`, `linecache`) and printed it in 12-character chunks, hex, rot13 or zlib, in the test,
+    in a later cell, in a file or as its error's message: neither the feedback's HTML nor the
+    notebook the student is shown holds an 8-character run of hidden test code, nor any of the
+    LEAK lines; the student still sees each part passed or failed."""
+    course = toy["course"]
+    windows = _secret_windows(course, student)
+    assert len(windows) > 100
+    html_path = os.path.join(course, "feedback", student, T.A, f"{T.A}.html")
+    nb = _student_notebook(course, student)
+    seen = {"html": _html_text(html_path), "notebook": json.dumps(nb)}
+    for where, text in seen.items():
+        norm = _normal(text)
+        found = sorted(w for w in windows if w in norm)
+        assert not found, (student, where, found[:5])
+        # (the student's own code, shown in the HTML, has 'LEAK:hex:' + ...; a printed line has its payload)
+        assert not re.search(r"LEAK:\w+:[^'\"\s\\]", text), (student, where)
+        assert "[grader] partA_works: passed" in text, (student, where)
+    # the route worked: the instructor's autograded notebook holds what the code decoded (except by
+    # history, which holds no test cell)
+    graded = nbformat.read(os.path.join(course, "autograded", student, T.A, f"{T.A}.ipynb"), as_version=4)
+    texts = [o.get("text", "") + "\n" + o.get("evalue", "") for c in graded.cells for o in c.get("outputs", [])]
+    stamp = os.path.join(course, "autograded", student, T.A, "timestamp.txt")
+    if os.path.exists(stamp):
+        with open(stamp) as fh:
+            texts.append(fh.read())
+    decoded = _normal(_decoded_leaks("\n".join(texts)))
+    hidden_here = any(w in decoded for w in windows)
+    assert hidden_here == (student != "seal_history_chunks"), student
+    # outputs of cells that ran after the first hidden test are replaced by a notice
+    later = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") in ("partB_answer", "partC_answer")]
+    assert student not in ("seal_history_chunks", "seal_frame_hex") or any(S_NOTICE in "".join(o.get("text", "") for o in c.get("outputs", [])) for c in later), student
+
+
+S_NOTICE = "this cell ran after a hidden test"
+
+
+def test_feedback_shows_verdicts_and_the_instructors_messages(toy):
+    course = toy["course"]
+    text = _html_text(os.path.join(course, "feedback", "cheat_eq", T.A, f"{T.A}.html"))
+    assert "[grader] partA_works: failed: AssertionError: add misses a hidden case (0 of 1 point)" in text, text[-3000:]
+    assert "[grader] partB_works: passed (1 of 1 point)" in text
+    # an error message not made of the instructor's texts: its type only
+    text = _html_text(os.path.join(course, "feedback", "seal_inspect_zlib", T.A, f"{T.A}.html"))
+    assert ("[grader] partB_works: failed: ValueError raised in your code; run the visible tests in your "
+            "notebook to see the message (0 of 1 point)") in text
+    text = _html_text(os.path.join(course, "feedback", "loop", T.A, f"{T.A}.html"))
+    assert "[grader] partA_works: stopped after 5 s (the cell's limit) (0 of 1 point)" in text
+    text = _html_text(os.path.join(course, "feedback", "hook_exc_in_test", T.A, f"{T.A}.html"))
+    assert "[grader] partA_works: failed: your code changed how cells run (" in text
+
+
+def test_messages_are_made_of_the_instructors_texts():
+    """Without a kernel: a message passes when it is made of the notebook's string literals and
+    f-string parts, with at most a few short numbers (rounded) in the placeholders."""
+    S = _sandbox_module()
+    f = S.MessageFilter(['assert ok, f"for n = {n} got {np.round(got[:3], 5)}..., expected {ref}: check W K"',
+                         'assert ok, "add misses a hidden case"',
+                         '_PARTS = {"add": "A"}\nmsg = f"your {name} (Part {part}) is not finished"'])
+    assert f.compose("add misses a hidden case") == "add misses a hidden case"
+    assert f.compose("for n = 8 got [0.123456 -1.5 3.]..., expected 2.5: check W K") == \
+        "for n = 8 got [0.1235 -1.5 3]..., expected 2.5: check W K"
+    assert f.compose("your add (Part A) is not finished") == "your add (Part A) is not finished"
+    assert f.compose("your 'add' (Part A) is not finished") == "your 'add' (Part A) is not finished"
+    assert f.compose("your add (Part A) is not finishedSingular matrix") == "your add (Part A) is not finishedSingular matrix"
+    # a placeholder that carries text, too many numbers, or code
+    assert f.compose("your assert type(add(40 (Part A) is not finished") is None
+    assert f.compose("assert type(add(40, 2)) in (int, float)") is None
+    many = f.compose("for n = 1 got [1 2 3 4 5 6 7 8]..., expected 9: check W K")
+    assert many == "for n = 1 got [1 2 3 4 5 … … …]..., expected …: check W K"
+
+
+def test_marker_is_the_last_statement_and_keeps_the_cells_result():
+    """Without a kernel: the marker runs after everything else, a last expression stays the cell's
+    result (partial credit), and a marker printed in two writes (split across outputs) is found."""
+    import ast
+
+    from nbformat.v4 import new_code_cell, new_output
+
+    S = _sandbox_module()
+    source = '"Part A"\nassert 1 + 1 == 2\nscore = 0.5\nscore'
+    marked = S.with_marker(source, "M123")
+    tree = ast.parse(marked)
+    assert isinstance(tree.body[-1], ast.Expr) and marked.startswith(source[:-len("score")])
+    printed = []
+    value = eval(compile(ast.Expression(tree.body[-1].value), "<cell>", "eval"),
+                 {"score": 0.5, "print": printed.append})
+    assert value == 0.5 and printed == ["M123"]
+    assert S.with_marker("for i in range(2):\n    assert i < 2", "M1").rstrip().endswith("print('M1')")
+    cell = new_code_cell("x", outputs=[new_output("stream", name="stdout", text="ok\nM9"),
+                                       new_output("stream", name="stdout", text="\n")])
+    assert S.take_marker(cell, "M9") and [o.text for o in cell.outputs] == ["ok\n"]
+    cell = new_code_cell("x", outputs=[new_output("stream", name="stdout", text="ok\n")])
+    assert not S.take_marker(cell, "M9")
