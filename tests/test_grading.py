@@ -984,7 +984,7 @@ def _decoded_leaks(text):
 def test_feedback_is_the_html_only(toy):
     """generate_feedback copies nothing but the HTML (and submitted/'s timestamp.txt and
     submission_secret.txt, not the kernel's folder's): files the kernel wrote (stolen.txt, env.json,
-    a timestamp.txt) stay in the instructor's autograded folder."""
+    a timestamp.txt) stay in its sandbox (not even the autograded folder has them)."""
     for student in HOSTILE:
         folder = os.path.join(toy["course"], "feedback", student, T.A)
         # (these submissions come without nbgrader's timestamp.txt: a course's exchange round trip,
