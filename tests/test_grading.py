@@ -414,8 +414,11 @@ def test_interrupted_run_resumes(toy):
     before = {s: T.grades(course, s) for s in EXPECTED}
     for s in EXPECTED:                                   # nothing graded yet
         shutil.rmtree(os.path.join(course, "autograded", s, "toy"))
+    # (SIGINT as a terminal's Ctrl-C, also when the tests themselves run in the background, where
+    # the shell starts them with SIGINT ignored and Python would inherit that)
     proc = subprocess.Popen([sys.executable, "grade.py", "toy", "-j", "1", "--no-progress", "--", *LIMITS],
-                            cwd=course, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=course, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     t0 = time.time()
     while time.time() - t0 < 300:
         graded = [s for s in EXPECTED if os.path.exists(os.path.join(course, "autograded", s, "toy", "toy.ipynb"))]
