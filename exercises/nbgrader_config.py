@@ -13,10 +13,9 @@ from nbgrader.api import MissingEntry
 from nbgrader.converters import Autograde
 from nbgrader.preprocessors import (CheckCellMetadata, ClearHiddenTests, ClearOutput, DeduplicateIds,
                                     Execute, GetGrades, OverwriteCells, OverwriteKernelspec)
-from traitlets import List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from grading_sandbox import SandboxedExecute  # noqa: E402  (next to this file)
+from grading_sandbox import InertCells, SandboxedExecute, SealedFeedback, feedback_without_files  # noqa: E402  (next to this file)
 
 c = get_config()  # noqa: F821  (provided by nbgrader)
 
@@ -26,10 +25,21 @@ c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
 # Bounds of a graded notebook (grading_sandbox.py): a cell that runs longer than Execute.timeout
 # seconds is stopped and scores 0 (a warm numba cache, `gpclab compile`, keeps every cell of a
 # correct answer to a few seconds); all cells together get SandboxedExecute.submission_timeout
-# seconds; each kernel may use SandboxedKernelManager.memory_limit_gib of memory.
+# seconds; each sandbox (a kernel and every process it starts) may use
+# SandboxedKernelManager.memory_limit_gib of memory and run tasks_limit processes and threads (a
+# control group per sandbox where the grader can make one, else per-process limits); its /tmp,
+# HOME and working folder are tmpfs of tmp_size_mib / work_size_mib, no file it writes may exceed
+# file_size_mib, and a cell keeps SandboxedExecute.cell_output_mib of output, a notebook
+# notebook_output_mib (see the README's "Bounds" table).
 c.Execute.timeout = 60
 c.SandboxedExecute.submission_timeout = 300
 c.SandboxedKernelManager.memory_limit_gib = 2.0
+c.SandboxedKernelManager.tasks_limit = 64
+c.SandboxedKernelManager.tmp_size_mib = 256
+c.SandboxedKernelManager.work_size_mib = 256
+c.SandboxedKernelManager.file_size_mib = 64
+c.SandboxedExecute.cell_output_mib = 1.0
+c.SandboxedExecute.notebook_output_mib = 10.0
 c.Execute.kernel_name = "python3"
 # nbgrader 0.9 with SQLAlchemy 2 warns "Object of type <Submitted...> not in session" while it
 # records a submission; the gradebook is written correctly, so the warning is only noise
@@ -57,27 +67,16 @@ class RestoreHiddenTestsQuietly(OverwriteCells):
         return super().preprocess_cell(cell, resources, cell_index)
 
 
-class FeedbackWithoutHiddenTests(ClearHiddenTests):
-    """Feedback shows each test cell as students saw it (hidden tests removed) and, for a failed
-    test, only the error line (the assertion message), not the traceback with the test's code."""
-
-    # nbconvert's HTML exporter configures display_data_priority for every NbConvertBase; like
-    # nbgrader's own GetGrades, accept it (unused here), or nbgrader warns "Config option
-    # `display_data_priority` not recognized"
-    display_data_priority = List(GetGrades.class_traits()["display_data_priority"].default()).tag(config=True)
-
-    def preprocess_cell(self, cell, resources, cell_index):
-        cell, resources = super().preprocess_cell(cell, resources, cell_index)
-        if cell.cell_type == "code" and utils.is_grade(cell) and not utils.is_solution(cell):
-            for out in cell.get("outputs", []):
-                if out.get("output_type") == "error":
-                    out["traceback"] = [f"{out.get('ename', 'Error')}: {out.get('evalue', '')}"]
-        return cell, resources
-
-
 c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, OverwriteKernelspec,
-                                      RestoreHiddenTestsQuietly, CheckCellMetadata]
-c.GenerateFeedback.preprocessors = [GetGrades, FeedbackWithoutHiddenTests, CSSHTMLHeaderPreprocessor]
+                                      RestoreHiddenTestsQuietly, CheckCellMetadata, InertCells]
+# Feedback is composed by the grader (grading_sandbox.SealedFeedback): each test cell shows one line
+# (passed / failed / stopped, the part, its points and, on failure, the error's type and the
+# instructor's message when it is one of the notebook's own message texts), never its outputs;
+# outputs of the other cells that ran after the first hidden test are left out; and
+# generate_feedback writes only the HTML and submitted/'s timestamp.txt and submission_secret.txt
+# (nbgrader would copy every file of the autograded folder, files written by student code included).
+c.GenerateFeedback.preprocessors = [GetGrades, SealedFeedback, CSSHTMLHeaderPreprocessor]
+feedback_without_files()
 
 # Student code runs in a sandbox (grading_sandbox.py): each submission's kernel under bubblewrap
 # sees the system and Python read-only, writes only in its own autograded/<student>/<assignment>/

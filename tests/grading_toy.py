@@ -17,8 +17,12 @@ A = "toy"
 # the hidden tests: the lines that must never reach a student
 HIDDEN = {
     "partA_works": 'assert type(add(40, 2)) in (int, float) and add(40, 2) == 42 and add(-7, 7) == 0, "add misses a hidden case"',
-    "partB_works": 'assert type(mul(6, 7)) in (int, float) and mul(6, 7) == 42 and mul(-3, 5) == -15, "mul misses a hidden case"',
-    "partC_works": 'assert type(neg(5)) in (int, float) and neg(5) == -5 and neg(-2.5) == 2.5, "neg misses a hidden case"',
+    "partB_works": ('assert type(mul(6, 7)) in (int, float) and abs(mul(6, 7) - 42) < 1e-9 and mul(-3, 5) == -15, '
+                    '"mul misses a hidden case"'),
+    # (a loop whose assert is followed by another line: a trace function could jump over it)
+    "partC_works": ('for x, want in [(5, -5), (-2.5, 2.5)]:\n'
+                    '    assert type(neg(x)) in (int, float) and neg(x) == want, "neg misses a hidden case"\n'
+                    '    print(f"neg({x}) ok")'),
 }
 # (the exact type first: an object whose == always says True, or a float subclass that lies,
 # passes an equality test)

@@ -1,5 +1,7 @@
 """Section 8: EM-EP (Kim & Ghahramani): covariance (13)-(14), the bound, eq. 31, the eps update,
 Theorem 1, the EM loop, the multi-class difference latents (41)-(54) and GPClassifier(method="emep")."""
+import warnings
+
 import numpy as np
 import pytest
 from scipy import integrate
@@ -207,7 +209,8 @@ def test_em_ep_converges_on_a_synthetic_problem_to_the_ML_II_point():
     y = np.where(np.sin(X[:, 0]) + 0.1 * r.standard_normal(60) > 0, 1.0, -1.0)
     y[r.uniform(size=60) < 0.15] *= -1                       # some label noise: the scale is identified
     # eps = 0 with latent noise t2: the probit model (K&G section 3.2)
-    out = gpclab.em_ep(X, y, np.array([0.0, -2.0, 0.0, 0.0, 0.0]), max_iter=300, tol=1e-6)
+    # the classic M-step (L-BFGS-B on F with q held fixed): EM's properties
+    out = gpclab.em_ep(X, y, np.array([0.0, -2.0, 0.0, 0.0, 0.0]), max_iter=300, tol=1e-6, accelerate=False)
     assert out.converged
     assert abs(out.log_Z[-1] - out.log_Z[-2]) < 1e-6
     assert np.all(np.diff(out.log_Z) > -1e-6), "log Z_EP rises from one EM round to the next here"
@@ -221,6 +224,52 @@ def test_em_ep_converges_on_a_synthetic_problem_to_the_ML_II_point():
     assert np.max(np.abs(g[free])) < 0.05
     h_ml, v_ml, _ = gpclab.ml2(X, y, out.log_hyp, "kg", "step", method="ep")
     assert v_ml - out.log_Z[-1] < 0.02
+
+
+def test_accelerated_em_ep_converges_without_warning_to_the_fixed_point():
+    """The default M-step (a quasi-Newton step whose curvature is kept across rounds, the step accepted
+    on the next E-step's log Z_EP) converges in few rounds with no warning, to a stationary point of
+    log Z_EP (central differences of EP's log Z, not eq. 31), at least as high as the classic M-step's
+    and as ML-II's on the same evidence (K&R 51, another code path)."""
+    r = np.random.default_rng(8)
+    X = r.uniform(-3, 3, (60, 2))
+    y = np.where(np.sin(X[:, 0]) + 0.1 * r.standard_normal(60) > 0, 1.0, -1.0)
+    y[r.uniform(size=60) < 0.15] *= -1
+    h0 = np.array([0.0, -2.0, 0.0, 0.0, 0.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = gpclab.em_ep(X, y, h0)
+    assert out.converged and out.n_iter <= 30                    # measured: 18
+    assert out.log_hyp[0] == h0[0]                               # the scale of K, flat for the step, held
+    assert np.all(np.diff(out.log_Z) > 0)                        # every round raises log Z_EP
+    # classic_rounds: the classic rounds first, the scale of K held from where they leave it
+    classic3 = gpclab.em_ep(X, y, h0, max_iter=3, accelerate=False)
+    mixed = gpclab.em_ep(X, y, h0, classic_rounds=3)
+    np.testing.assert_array_equal(mixed.log_Z[:4], classic3.log_Z)
+    assert mixed.converged and mixed.log_hyp[0] == classic3.log_hyp[0] != h0[0]
+    assert mixed.log_Z[-1] == pytest.approx(out.log_Z[-1], abs=1e-3)
+    assert out.F.size == out.F_cov.size == 2 * out.n_iter + 1 and out.log_Z.size == out.n_iter + 1
+
+    def log_Z(h):
+        K = gpclab.kernel_matrix("kg", X, X, h)
+        return gpclab.ep(K, y, None, None, 1e-12, 500, "natural", 0, "step", 0.0).log_Z
+
+    assert out.log_Z[-1] == pytest.approx(log_Z(out.log_hyp), abs=1e-7)   # result is the last E-step
+    lo, hi = np.array(gpclab.default_bounds("kg", 2)).T
+    free = (np.arange(5) > 0) & (out.log_hyp > lo + 0.1) & (out.log_hyp < hi - 0.1)
+    assert free.sum() >= 2
+    fd = np.empty(5)
+    for j in range(5):
+        e = np.zeros(5)
+        e[j] = 1e-5
+        fd[j] = (log_Z(out.log_hyp + e) - log_Z(out.log_hyp - e)) / 2e-5
+    g0 = np.abs([(log_Z(h0 + e) - log_Z(h0 - e)) / 2e-5 for e in 1e-5 * np.eye(5)])
+    assert np.max(g0[free]) > 0.5                               # 50 times steeper at the start
+    assert np.max(np.abs(fd[free])) < 1e-2
+    classic = gpclab.em_ep(X, y, h0, max_iter=300, tol=1e-6, accelerate=False)
+    assert classic.converged and out.log_Z[-1] > classic.log_Z[-1] - 1e-4
+    _, v_ml, _ = gpclab.ml2(X, y, h0, "kg", "step", method="ep", ftol=1e-10)
+    assert out.log_Z[-1] > v_ml - 1e-3
 
 
 def test_em_ep_bad_input():
@@ -356,11 +405,17 @@ def test_multiclass_theorem_1_and_eq31_with_q_fixed():
 
 def test_multiclass_em_ep_raises_F_and_log_Z():
     X, idx, _ = _three_class(4, n=24)
-    out = gpclab.em_ep(X, idx, max_iter=20)
+    out = gpclab.em_ep(X, idx, max_iter=20, accelerate=False)
     assert out.n_iter >= 2 and out.result.mu.shape == (48,)
     assert np.all(out.F_cov[1::2] >= out.F_cov[0:-1:2] - 1e-9)           # each M-step raises F
     assert np.all(np.diff(out.log_Z) > -1e-3)
     assert out.log_Z[-1] > out.log_Z[0] + 1.0
+    # the accelerated M-step: every round raises log Z_EP (L-BFGS-B's sufficient increase) and
+    # ends higher than the 20 classic rounds
+    fast = gpclab.em_ep(X, idx, max_iter=20)
+    assert fast.n_iter >= 2 and fast.F.size == 2 * fast.n_iter + 1
+    assert np.all(np.diff(fast.log_Z) > 0)
+    assert fast.log_Z[-1] >= out.log_Z[-1] - 1e-6
 
 
 # --- GPClassifier(method="emep") ---------------------------------------------------------
@@ -384,9 +439,9 @@ def test_classifier_emep_binary_and_multiclass():
 
     X3, idx, _ = _three_class(6, n=24)
     labels = np.array(["a", "b", "c"])[idx]
-    with pytest.warns(RuntimeWarning, match="EM-EP did not converge in 10 rounds"):
+    with pytest.warns(RuntimeWarning, match="EM-EP did not converge in 2 rounds"):
         m3 = gpclab.GPClassifier(method="emep", kernel="kg_iso", discrete=np.array([False, False]),
-                                 max_iter=10).fit(X3, labels)
+                                 max_iter=2).fit(X3, labels)
     P3 = m3.predict_proba(X3)
     assert P3.shape == (24, 3) and np.allclose(P3.sum(axis=1), 1.0, atol=1e-12)
     assert m3.score(X3, labels) > 0.6

@@ -50,7 +50,7 @@ HOSTILE = {
                                      "    print(inspect.stack()[1].code_context)\n    return a + b"),
                      "partC_answer": ("open('stolen.txt', 'w').write(seen)\nprint(repr(seen))\n"
                                       "def neg(a):\n    return -a")},
-    "environment": {"partA_answer": ("import json\njson.dump(sorted(os.environ), open('env.json', 'w'))\n"
+    "environment": {"partA_answer": ("import json\nprint('ENV=' + json.dumps(sorted(os.environ)))\n"
                                      "def add(a, b):\n    return a + b")},
     # active content for the instructor's browser (formgrader) and the feedback
     "inject": {"partA_answer": (
@@ -75,11 +75,142 @@ HOSTILE = {
                                          "AssertionError = Warning\n"
                                          "def mul(a, b):\n    return a + b")},
 }
+
+# ---- sealed feedback: hostile code that finds a hidden test and prints it encoded -----------------------
+# Each prints "LEAK:<encoding>:<payload>" lines; the instructor's autograded notebook keeps what the
+# substring scrub does not recognise (hex, rot13, zlib), which proves the route found the hidden test.
+_EMIT = (
+    "import base64, binascii, codecs, zlib\n"
+    "def _emit(text, how):\n"
+    "    if how == 'chunks':\n"
+    "        for i in range(0, len(text), 12):\n"
+    "            print('LEAK:chunks:' + text[i:i + 12])\n"
+    "    elif how == 'hex':\n"
+    "        print('LEAK:hex:' + text.encode().hex())\n"
+    "    elif how == 'rot13':\n"
+    "        for line in text.splitlines():\n"
+    "            print('LEAK:rot13:' + codecs.encode(line, 'rot13'))\n"
+    "    else:\n"
+    "        print('LEAK:zlib:' + base64.b64encode(zlib.compress(text.encode())).decode())\n")
+_ROUTES = {
+    # IPython's history (test cells are not in it: this finds the student's own cells)
+    "history": "In[-1] + '\\n'.join(_ih) + str(list(get_ipython().history_manager.get_range()))",
+    # the calling frame's code: its constants and names, and its source through linecache
+    "frame": ("repr(sys._getframe(1).f_code.co_consts) + repr(sys._getframe(1).f_code.co_names) + "
+              "''.join(__import__('linecache').getlines(sys._getframe(1).f_code.co_filename))"),
+    "inspect": "__import__('inspect').getsource(sys._getframe(1))",
+    # every source IPython registered with linecache
+    "linecache": ("'\\n'.join(''.join(v[2]) for v in list(__import__('linecache').cache.values()) "
+                  "if isinstance(v, tuple) and len(v) > 2 and 'BEGIN HIDDEN' in ''.join(v[2]))"),
+}
+
+
+def _leaker(route, how, later, later_part="partC"):
+    """partA's add finds the calling test by `route` and prints it (`how`); a later part prints
+    what it kept (`later`: an encoding), or raises it as its error's message ('raise')."""
+    answers = {"partA_answer": (_EMIT + "seen = ''\ndef add(a, b):\n    global seen\n"
+                                f"    seen = {_ROUTES[route]}\n    _emit(seen, {how!r})\n    return a + b")}
+    if later == "raise":
+        answers["partB_answer"] = ("def mul(a, b):\n    raise ValueError('LEAK:hex:' + seen.encode().hex())")
+    else:
+        name, body = ("partB_answer", "def mul(a, b):\n    return a * b") if later_part == "partB" else \
+            ("partC_answer", "def neg(a):\n    return -a")
+        answers[name] = (f"_emit(seen, {later!r})\nopen('stolen.txt', 'w').write(seen.encode().hex())\n" + body)
+    return answers
+
+
+LEAKERS = {
+    "seal_history_chunks": _leaker("history", "chunks", "hex", "partB"),
+    "seal_frame_hex": _leaker("frame", "hex", "zlib"),
+    "seal_inspect_zlib": _leaker("inspect", "zlib", "raise"),
+    "seal_linecache_rot13": _leaker("linecache", "rot13", "chunks"),
+}
+LEAKERS["seal_linecache_rot13"]["partC_answer"] = (
+    "import codecs\ndef neg(a):\n    raise AssertionError('LEAK:rot13:' + codecs.encode(seen, 'rot13'))")
+# writes the hidden test into the working folder's timestamp.txt (which nbgrader's feedback would copy)
+LEAKERS["seal_tampered_stamp"] = {
+    "partA_answer": (_EMIT + "def add(a, b):\n    text = " + _ROUTES["inspect"] + "\n"
+                     "    open('timestamp.txt', 'w').write('LEAK:hex:' + text.encode().hex())\n    return a + b")}
+HOSTILE.update(LEAKERS)
+
+# ---- hooks that change how cells run --------------------------------------------------------------------
+# a trace function that jumps from an assert to the next line that is not an assert (nor blank, nor a comment)
+_JUMP = ("def _jump(frame, event, arg):\n"
+         "    if event == 'line':\n"
+         "        def get(n):\n"
+         "            return linecache.getline(frame.f_code.co_filename, n).strip()\n"
+         "        if get(frame.f_lineno).startswith('assert'):\n"
+         "            n = frame.f_lineno + 1\n"
+         "            while n < frame.f_lineno + 200 and (not get(n) or get(n).startswith(('#', 'assert'))):\n"
+         "                n += 1\n"
+         "            try:\n"
+         "                frame.f_lineno = n\n"
+         "            except ValueError:\n"
+         "                pass\n"
+         "    return _jump\n")
+WRONG_B, WRONG_C = "def mul(a, b):\n    return 0", "def neg(a):\n    return 0"
+HOOKS = {
+    # an AST transformer that turns every assert into pass (in the student's cell, before the tests)
+    "hook_ast": {"partA_answer": ("import ast\nclass _NoAssert(ast.NodeTransformer):\n"
+                                  "    def visit_Assert(self, node):\n        return ast.Pass()\n"
+                                  "get_ipython().ast_transformers.append(_NoAssert())\n"
+                                  "def add(a, b):\n    return 0"),
+                 "partB_answer": WRONG_B, "partC_answer": WRONG_C},
+    # an exception handler that shows nothing, and a callback that clears the error
+    "hook_callback": {"partA_answer": ("def _quiet(shell, etype, value, tb, tb_offset=None):\n    return []\n"
+                                       "get_ipython().set_custom_exc((AssertionError,), _quiet)\n"
+                                       "def _clear(result):\n    result.error_in_exec = None\n"
+                                       "get_ipython().events.register('post_run_cell', _clear)\n"
+                                       "def add(a, b):\n    return 0"),
+                      "partB_answer": WRONG_B, "partC_answer": WRONG_C},
+    # a trace function that jumps over every assert it can (IPython runs each top-level statement as a
+    # code object of its own: only an assert followed by another line of a loop or block can be
+    # jumped over, as in partC's hidden test); partC's answer passes the visible test only
+    "hook_trace": {"partA_answer": ("import linecache\n"
+                                    + _JUMP +
+                                    "sys.settrace(lambda frame, event, arg: _jump if frame.f_code.co_name == '<module>' else None)\n"
+                                    "def add(a, b):\n    return 0"),
+                   "partB_answer": WRONG_B, "partC_answer": "def neg(a):\n    return -1 if a == 1 else 0"},
+    # the same trace function, set by the answer when the test calls it (for the test's next statements)
+    "hook_trace_in_test": {"partC_answer": ("import linecache\n"
+                                            + _JUMP +
+                                            "def neg(a):\n"
+                                            "    sys.settrace(lambda frame, event, arg: _jump if frame.f_code.co_name == '<module>' else None)\n"
+                                            "    return -1 if a == 1 else 0")},
+    # the handler and the callback installed by the answer while the test runs
+    "hook_exc_in_test": {"partA_answer": ("def _quiet(shell, etype, value, tb, tb_offset=None):\n    return []\n"
+                                          "def _clear(result):\n    result.error_in_exec = None\n"
+                                          "def add(a, b):\n"
+                                          "    get_ipython().set_custom_exc((AssertionError,), _quiet)\n"
+                                          "    get_ipython().events.register('post_run_cell', _clear)\n"
+                                          "    return 0")},
+    # a built-in the hidden test uses, replaced: abs says every difference is 0
+    "hook_builtins": {"partB_answer": ("import builtins\nbuiltins.abs = lambda x: 0\n"
+                                       "def mul(a, b):\n    return 6 if (a, b) == (2, 3) else -15 if (a, b) == (-3, 5) else 0")},
+    # legitimate: magics, extensions, progress bars, warnings filters, a figure
+    "legit_magics": {"partA_answer": ("%matplotlib inline\n%load_ext autoreload\n%autoreload 2\n"
+                                      "import warnings\nwarnings.filterwarnings('ignore')\n"
+                                      "from tqdm import tqdm\nfor _ in tqdm(range(3)):\n    pass\n"
+                                      "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()\n"
+                                      "def add(a, b):\n    return a + b"),
+                     "partB_answer": "%%time\ndef mul(a, b):\n    return a * b",
+                     "partC_answer": ("import matplotlib.pyplot as plt\n"
+                                      "def neg(a):\n    warnings.warn('a warning the filter hides')\n"
+                                      "    plt.figure(); plt.close('all')\n    return -a")},
+}
+HOSTILE.update(HOOKS)
+
 EXPECTED = {  # (A, B, C) points
     "good": (1, 1, 1), "loop": (0, 1, 1), "no_sigint": (0, 1, 1), "hog": (1, 0, 1),
     "leak_history": (1, 1, 1), "leak_frame": (1, 1, 1), "leak_inspect": (1, 1, 1), "environment": (1, 1, 1),
     "inject": (1, 1, 1), "cheat_eq": (0, 1, 1), "cheat_float": (1, 1, 0), "cheat_assertion": (1, 0, 1),
+    "seal_history_chunks": (1, 1, 1), "seal_frame_hex": (1, 1, 1), "seal_inspect_zlib": (1, 0, 1),
+    "seal_linecache_rot13": (1, 1, 0), "seal_tampered_stamp": (1, 1, 1),
+    "hook_ast": (0, 0, 0), "hook_callback": (0, 0, 0), "hook_trace": (0, 0, 0), "hook_trace_in_test": (1, 1, 0),
+    "hook_exc_in_test": (0, 1, 1), "hook_builtins": (1, 0, 1), "legit_magics": (1, 1, 1),
 }
+# the submissions whose tests found their code changing how cells run while a test ran
+TAMPERED = {"hook_trace_in_test": ["partC_works"], "hook_exc_in_test": ["partA_works"]}
 
 
 def _grade(course, env, *args):
@@ -112,7 +243,7 @@ def test_stopped_cells_say_why(toy):
     hog = T.outputs(toy["course"], "hog", "partB_works")
     assert "MemoryLimitExceeded" in hog and "exceeded 0.5 GiB" in hog
     # the summary names them, with the cell
-    assert re.search(r"graded 12, failed 0, with stopped cells 3", toy["out"]), toy["out"]
+    assert re.search(rf"graded {len(HOSTILE)}, failed 0, with stopped cells 3", toy["out"]), toy["out"]
     for student in ("loop", "no_sigint", "hog"):
         assert re.search(rf"stopped +toy {student} ", toy["out"]), toy["out"]
 
@@ -124,7 +255,7 @@ def test_hostile_submissions_cost_little_time(toy):
 
 
 def test_progress_bar_shows_count_rate_and_eta(toy):
-    assert "12/12" in toy["err"] and "submission/s" in toy["err"] or "s/submission" in toy["err"], toy["err"][-500:]
+    assert f"{len(HOSTILE)}/{len(HOSTILE)}" in toy["err"] and "submission/s" in toy["err"] or "s/submission" in toy["err"], toy["err"][-500:]
 
 
 def _texts(course, student):
@@ -168,8 +299,8 @@ def test_history_holds_no_test_cell(toy):
 
 
 def test_kernel_environment_is_a_whitelist(toy):
-    with open(os.path.join(toy["course"], "autograded", "environment", "toy", "env.json")) as fh:
-        names = set(json.load(fh))
+    printed = json.loads(T.outputs(toy["course"], "environment", "partA_answer"))[0]["text"]
+    names = set(json.loads(printed.split("ENV=", 1)[1]))
     assert SECRET_ENV not in names
     allowed = {"PATH", "PYTHONPATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "TZ", "HOME", "TMPDIR",
                "PWD", "NBGRADER_EXECUTION", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
@@ -184,7 +315,7 @@ def test_kernel_environment_is_a_whitelist(toy):
 FAKE_LAUNCHER = """\
 # a student's ipykernel_launcher.py beside the notebook: it leaves a mark, then starts the real kernel
 import os, sys, runpy
-open(os.path.join(os.getcwd(), "hijacked.txt"), "w").write("the student's launcher ran")
+os.environ["HIJACKED"] = "the student's launcher ran"
 sys.path = [p for p in sys.path if p not in ("", os.getcwd())]
 runpy.run_module("ipykernel_launcher", run_name="__main__", alter_sys=True)
 """
@@ -199,7 +330,7 @@ def test_a_launcher_handed_in_beside_the_notebook_is_not_the_kernel(tmp_path):
     env = T.make_course(course)
     unfinished = {"partA_answer": "def add(a, b):\n    raise NotImplementedError()",
                   "partB_answer": "def mul(a, b):\n    raise NotImplementedError()",
-                  "partC_answer": "def neg(a):\n    return -a"}
+                  "partC_answer": "import os\nprint('mark:', os.environ.get('HIJACKED'))\ndef neg(a):\n    return -a"}
     T.submit(course, "mallory", unfinished)
     with open(os.path.join(course, "submitted", "mallory", T.A, "ipykernel_launcher.py"), "w") as fh:
         fh.write(FAKE_LAUNCHER)
@@ -207,7 +338,8 @@ def test_a_launcher_handed_in_beside_the_notebook_is_not_the_kernel(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     work = os.path.join(course, "autograded", "mallory", T.A)
     assert os.path.exists(os.path.join(work, "ipykernel_launcher.py"))      # handed in and copied
-    assert not os.path.exists(os.path.join(work, "hijacked.txt")), "the student's launcher started the kernel"
+    mark = T.outputs(course, "mallory", "partC_answer")
+    assert "mark: None" in mark and "launcher ran" not in mark, "the student's launcher started the kernel"
     got = T.grades(course, "mallory")
     assert got["partA_works"] == 0 and got["partB_works"] == 0 and got["partC_works"] == 1, got
 
@@ -219,7 +351,7 @@ def test_resume_grades_only_what_is_left(toy):
     os.remove(os.path.join(course, "autograded", "hog", "toy", "toy.ipynb"))
     out = _grade(course, env, "toy", "-j", "2", "--no-progress", "--", *LIMITS)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "2 submission(s) to grade (10 graded already, skipped)" in out.stdout, out.stdout
+    assert f"2 submission(s) to grade ({len(HOSTILE) - 2} graded already, skipped)" in out.stdout, out.stdout
     assert "graded 2, failed 0" in out.stdout
     assert T.grades(course, "good") == {"partA_works": 1, "partB_works": 1, "partC_works": 1}
     assert T.grades(course, "hog")["partB_works"] == 0
@@ -282,8 +414,11 @@ def test_interrupted_run_resumes(toy):
     before = {s: T.grades(course, s) for s in EXPECTED}
     for s in EXPECTED:                                   # nothing graded yet
         shutil.rmtree(os.path.join(course, "autograded", s, "toy"))
+    # (SIGINT as a terminal's Ctrl-C, also when the tests themselves run in the background, where
+    # the shell starts them with SIGINT ignored and Python would inherit that)
     proc = subprocess.Popen([sys.executable, "grade.py", "toy", "-j", "1", "--no-progress", "--", *LIMITS],
-                            cwd=course, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=course, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     t0 = time.time()
     while time.time() - t0 < 300:
         graded = [s for s in EXPECTED if os.path.exists(os.path.join(course, "autograded", s, "toy", "toy.ipynb"))]
@@ -526,3 +661,440 @@ def test_active_types_are_dropped_without_a_kernel():
         {"text/plain": "<HTML>"}, {"image/png": "iVBOR"},
         {"text/plain": S.INERT_NOTICE.format(types="application/javascript")}]
     assert "widgets" not in nb.metadata
+
+
+# ---- bounds of a whole sandbox: processes it starts, files it writes, output it prints ------------
+# (each child holds its memory until every child has reported: all of them at once)
+MEM_BOMB = """import os
+def mul(a, b):
+    kids = []
+    release_r, release_w = os.pipe()
+    for i in range(8):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(r)
+                os.close(release_w)
+                x = bytearray(200 * 2 ** 20)
+                x[::4096] = b'1' * len(x[::4096])       # every page touched
+                os.write(w, b'1')
+                os.read(release_r, 1)                    # until the parent lets go
+            finally:
+                os._exit(0)
+        os.close(w)
+        kids.append((pid, r))
+    held = sum(len(os.read(r, 1)) for pid, r in kids)
+    os.close(release_w)
+    for pid, r in kids:
+        os.waitpid(pid, 0)
+    print(f'{held} of 8 children held 200 MiB each')
+    return a * b if held == 8 else None"""
+PID_BOMB = """import os, time
+def neg(a):
+    n = 0
+    try:
+        for i in range(300):
+            if os.fork() == 0:
+                time.sleep(20)
+                os._exit(0)
+            n += 1
+    except OSError as exc:
+        print('fork refused:', exc)
+    print(f'started {n} processes')
+    return -a if n == 300 else None"""
+# 30,000 small files in the working folder and in /tmp
+FILES = """import os
+os.makedirs('/tmp/t', exist_ok=True)
+for i in range(30000):
+    open(f'f{i}.txt', 'w').write('x')
+    open(f'/tmp/t/f{i}.txt', 'w').write('x')
+print('written:', len(os.listdir('.')), len(os.listdir('/tmp/t')))
+def add(a, b):
+    return a + b"""
+# 200 MiB printed
+PRINTER = """import sys
+for i in range(200):
+    sys.stdout.write('x' * 2 ** 20)
+def add(a, b):
+    return a + b"""
+# a 100 MiB file, 6 x 60 MiB in /tmp, a file in /dev
+DISK = """import errno, os
+def try_write(path, mib):
+    try:
+        with open(path, 'wb') as fh:
+            for i in range(mib):
+                fh.write(b'x' * 2 ** 20)
+        return 'ok'
+    except OSError as exc:
+        size = os.path.getsize(path) if os.path.exists(path) else 0
+        return f'{errno.errorcode[exc.errno]} at {size // 2 ** 20} MiB'
+print('big file:', try_write('big.bin', 100))
+print('tmp:', [try_write(f'/tmp/p{i}.bin', 60) for i in range(6)])
+print('dev:', try_write('/dev/x.bin', 1))
+def add(a, b):
+    return a + b"""
+BOUNDED = {"good": {}, "mem_bomb": {"partB_answer": MEM_BOMB}, "pid_bomb": {"partC_answer": PID_BOMB},
+           "files": {"partA_answer": FILES}, "printer": {"partA_answer": PRINTER},
+           "no_sigint": HOSTILE["no_sigint"], "disk": {"partA_answer": DISK}}
+BOUND_LIMITS = ["--Execute.timeout=30", "--SandboxedKernelManager.memory_limit_gib=1"]
+
+
+def _cgroup_parents():
+    S = _sandbox_module()
+    try:
+        return S._cgroup_parents()[1]
+    except S.CgroupUnavailable:
+        return None
+
+
+def _sandbox_groups(parents):
+    return {(p, n) for p in (parents or {}).values() for n in os.listdir(p) if n.startswith("gpclab-sandbox-")}
+
+
+def _grade_bounded(tmp_path_factory, name, students, limits):
+    """Grade `students` (of BOUNDED) with -j 2, watching the control groups made meanwhile."""
+    import threading
+    import time
+
+    course = str(tmp_path_factory.mktemp(name) / "course")
+    env = T.make_course(course)
+    for student in students:
+        T.submit(course, student, BOUNDED[student])
+    parents = _cgroup_parents()
+    before = _sandbox_groups(parents)
+    seen, done = set(), threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen.update(_sandbox_groups(parents) - before)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    t0 = time.perf_counter()
+    try:
+        out = _grade(course, env, "toy", "-j", "2", "--no-progress", "--", *limits)
+    finally:
+        done.set()
+        watcher.join()
+    wall = time.perf_counter() - t0
+    assert out.returncode == 0, out.stdout + out.stderr
+    t0 = time.perf_counter()
+    fb = T.nbgrader(course, env, "generate_feedback", "toy")
+    return dict(course=course, env=env, out=out.stdout, wall=wall, feedback_s=time.perf_counter() - t0,
+                feedback=fb.stdout + fb.stderr, seen=seen, left=_sandbox_groups(parents) - before, parents=parents)
+
+
+@pytest.fixture(scope="module")
+def bounded(tmp_path_factory):
+    if _cgroup_parents() is None:
+        pytest.skip("no control group can be made here (cgroup v1, or a delegated v2)")
+    return _grade_bounded(tmp_path_factory, "bounded", list(BOUNDED), BOUND_LIMITS)
+
+
+@pytest.fixture(scope="module")
+def fallback(tmp_path_factory):
+    """The same without control groups (as where the grader cannot make one)."""
+    return _grade_bounded(tmp_path_factory, "fallback", ["good", "pid_bomb", "files", "disk"],
+                          BOUND_LIMITS + ["--SandboxedKernelManager.use_cgroup=False"])
+
+
+def _stdout(course, student, grade_id):
+    return "".join(o.get("text", "") for o in json.loads(T.outputs(course, student, grade_id)))
+
+
+def test_memory_bomb_stopped_at_the_sandbox_limit(bounded):
+    """Eight forked children of 200 MiB each (every one under the per-process limit of 1 GiB):
+    together they meet the sandbox's 1 GiB, some are stopped, and the part scores 0."""
+    course = bounded["course"]
+    assert "sandbox bounds: cgroup" in bounded["out"], bounded["out"]
+    assert T.grades(course, "mem_bomb") == {"partA_works": 1, "partB_works": 0, "partC_works": 1}
+    text = T.outputs(course, "mem_bomb", "partB_works")
+    held = [int(n) for n in re.findall(r"(\d+) of 8 children held", text)]
+    # either some children were stopped (at most 1 GiB / 200 MiB of them lived) or the kernel was
+    assert (held and max(held) <= 5) or "MemoryLimitExceeded" in text, text
+
+
+@pytest.mark.parametrize("run", ["bounded", "fallback"])
+def test_process_bomb_stopped(run, request):
+    """300 forks: refused once the sandbox runs 64 tasks (cgroup pids.max; without a cgroup
+    RLIMIT_NPROC in the sandbox's own user namespace, as uid 65534 when the grader is root)."""
+    r = request.getfixturevalue(run)
+    course = r["course"]
+    assert T.grades(course, "pid_bomb") == {"partA_works": 1, "partB_works": 1, "partC_works": 0}
+    text = _stdout(course, "pid_bomb", "partC_works")
+    started = int(re.search(r"started (\d+) processes", text).group(1))
+    assert "fork refused" in text and 0 < started < 64, text
+    assert T.grades(course, "good") == {"partA_works": 1, "partB_works": 1, "partC_works": 1}
+    if run == "fallback":
+        expected = "RLIMIT_NPROC 64 in the sandbox" + (" as uid 65534" if os.geteuid() == 0 else "")
+        assert expected in r["out"], r["out"]
+
+
+@pytest.mark.parametrize("run", ["bounded", "fallback"])
+def test_files_written_stay_in_the_sandbox(run, request):
+    """30,000 files written in the working folder and in /tmp reach neither autograded/ nor the
+    feedback, and grading and feedback stay quick."""
+    r = request.getfixturevalue(run)
+    course = r["course"]
+    assert "written: 30001 30000" in _stdout(course, "files", "partA_answer")     # they were written
+    assert T.grades(course, "files") == {"partA_works": 1, "partB_works": 1, "partC_works": 1}
+    assert os.listdir(os.path.join(course, "autograded", "files", "toy")) == ["toy.ipynb"]
+    assert os.listdir(os.path.join(course, "feedback", "files", "toy")) == ["toy.html"]
+    times = {m.group(1): float(m.group(2)) for m in re.finditer(r"stopped +toy (\w+) \((\d+) s\)", r["out"])}
+    assert "files" not in times
+    assert r["feedback_s"] < 60, r["feedback_s"]
+
+
+@pytest.mark.parametrize("run", ["bounded", "fallback"])
+def test_disk_is_bounded(run, request):
+    """A file stops at 64 MiB (RLIMIT_FSIZE), /tmp at 256 MiB (a tmpfs), /dev is not writable."""
+    course = request.getfixturevalue(run)["course"]
+    text = _stdout(course, "disk", "partA_answer")
+    assert "big file: EFBIG at 64 MiB" in text, text
+    assert "tmp: ['ok', 'ok', 'ok', 'ok', 'ENOSPC at 16 MiB', 'ENOSPC at 0 MiB']" in text, text
+    assert re.search(r"dev: (EROFS|EACCES)", text), text
+    assert T.grades(course, "disk") == {"partA_works": 1, "partB_works": 1, "partC_works": 1}
+
+
+def test_printed_output_is_capped(bounded):
+    """200 MiB printed: the cell keeps 1 MiB and says how much was dropped; the autograded notebook
+    and the feedback stay small, and the parts score as they should."""
+    course = bounded["course"]
+    assert T.grades(course, "printer") == {"partA_works": 1, "partB_works": 1, "partC_works": 1}
+    path = os.path.join(course, "autograded", "printer", "toy", "toy.ipynb")
+    assert os.path.getsize(path) < 1.2 * 2 ** 20, os.path.getsize(path)
+    assert os.path.getsize(os.path.join(course, "feedback", "printer", "toy", "toy.html")) < 2 * 2 ** 20
+    cell = json.loads(T.outputs(course, "printer", "partA_answer"))
+    kept = sum(len(o.get("text", "")) for o in cell if o["output_type"] == "stream")
+    assert kept == 2 ** 20, kept
+    notice = cell[-1]["data"]["text/plain"]
+    assert notice == ("[grading: 199.0 MiB more output of this cell dropped: a cell keeps at most 1 MiB of "
+                      "output, the notebook 10 MiB]"), notice
+
+
+def test_cgroups_removed_after_the_run(bounded):
+    """Each sandbox had a control group of its own (seen while grading), and none is left, also
+    for the kernel that ignored SIGINT and was killed."""
+    assert len(bounded["seen"]) >= 2 and not bounded["left"], (bounded["seen"], bounded["left"])
+    assert T.grades(bounded["course"], "no_sigint") == {"partA_works": 0, "partB_works": 1, "partC_works": 1}
+    assert "ignored the interrupt" in T.outputs(bounded["course"], "no_sigint", "partA_works")
+
+
+def test_output_cap_without_a_kernel():
+    """A cell keeps `cell_output_mib` of output (here 1 KiB), the notebook `notebook_output_mib`
+    (here 1.5 KiB); beyond, streams are cut and then dropped, with one notice that counts what was
+    dropped; an error is always kept."""
+    S = _sandbox_module()
+    nb = T.source_notebook()
+    ex = S.SandboxedExecute(cell_output_mib=1 / 1024, notebook_output_mib=1.5 / 1024)
+    ex.nb = nb
+    ex.reset_execution_trackers()
+    ex.clear_before_next_output = False      # as at the start of a cell
+
+    def msg(kind, **content):
+        return {"msg_type": kind, "header": {"msg_type": kind}, "parent_header": {"msg_id": "m"}, "content": content}
+
+    outs = []
+    for _ in range(3):
+        ex.output(outs, msg("stream", name="stdout", text="x" * 600), None, 1)
+    assert [len(o.get("text", "")) for o in outs[:2]] == [600, 424]
+    assert outs[2]["data"]["text/plain"] == ("[grading: 776 characters more output of this cell dropped: a cell keeps "
+                                             "at most 0.000976562 MiB of output, the notebook 0.00146484 MiB]")
+    ex.output(outs, msg("error", ename="AssertionError", evalue="y" * 10 ** 6, traceback=["t"] * 10), None, 1)
+    assert len(outs) == 4 and outs[3]["ename"] == "AssertionError" and len(outs[3]["evalue"]) < 70 * 1024
+    # the next cell has what the notebook has left: 1.5 KiB - 1 KiB (the error's message counts too)
+    other = []
+    ex.output(other, msg("display_data", data={"text/plain": "z" * 100}, metadata={}), None, 3)
+    assert len(other) == 1 and "more output of this cell dropped" in other[0]["data"]["text/plain"]
+
+
+# ---- hooks that change how cells run: each scores 0 where it acted, and is reported -------------------
+def test_hooks_installed_while_a_test_runs_are_reported(toy):
+    """A test during which student code installed a hook (a trace function, an exception handler and
+    a callback that clears the error) scores 0 with "your code changed how cells run", and grade.py's
+    summary lists the submission; correct work with magics, extensions and warnings filters has none."""
+    for student, gids in TAMPERED.items():
+        assert re.search(rf"tampered toy {student} ", toy["out"]), toy["out"]
+        for gid in gids:
+            out = T.outputs(toy["course"], student, gid)
+            assert "ChangedHowCellsRun" in out and "your code changed how cells run" in out, out
+    assert f"changed how cells run {len(TAMPERED)}," in toy["out"], toy["out"]
+    for student in ("good", "legit_magics", "hook_ast", "hook_callback"):
+        assert not re.search(rf"tampered toy {student} ", toy["out"]), toy["out"]
+        for gid in ("partA_works", "partB_works", "partC_works"):
+            assert "ChangedHowCellsRun" not in T.outputs(toy["course"], student, gid), (student, gid)
+
+
+# ---- sealed feedback -----------------------------------------------------------------------------------
+def _normal(text):
+    return re.sub(r"[^0-9a-z]", "", text.lower())
+
+
+def _secret_windows(course, student, n=8):
+    """Every n-character run of the hidden tests' code (letters and digits only, string literals
+    left out: the instructor's messages are shown on purpose), less the runs that also occur in
+    what the student sees anyway (the released notebook) or wrote (the submission)."""
+    S = _sandbox_module()
+    known = []
+    for path in (os.path.join(course, "release", T.A, f"{T.A}.ipynb"),
+                 os.path.join(course, "submitted", student, T.A, f"{T.A}.ipynb")):
+        known.append(_normal("\n".join(c.source for c in nbformat.read(path, as_version=4).cells)))
+    known = "\n".join(known)
+    out = set()
+    for test in T.HIDDEN.values():
+        for line in test.splitlines():
+            for segment in S._code_segments(line):
+                norm = _normal(segment)
+                out |= {norm[i:i + n] for i in range(len(norm) - n + 1) if norm[i:i + n] not in known}
+    return out
+
+
+def _html_text(path):
+    import html
+
+    with open(path) as fh:
+        page = fh.read()
+    page = re.sub(r"(?s)<(style|script)\b.*?</\1>", " ", page)
+    return html.unescape(re.sub(r"(?s)<[^>]+>", " ", page))
+
+
+def _student_notebook(course, student):
+    """The autograded notebook as the feedback's preprocessor leaves it for the student."""
+    S = _sandbox_module()
+    nb = nbformat.read(os.path.join(course, "autograded", student, T.A, f"{T.A}.ipynb"), as_version=4)
+    nb, _ = S.SealedFeedback().preprocess(nb, {})
+    return nb
+
+
+def _decoded_leaks(text):
+    """What the hostile code's LEAK lines say, decoded."""
+    import base64
+    import codecs
+    import zlib
+
+    out = []
+    for how, payload in re.findall(r"LEAK:(hex|rot13|zlib):(.*)", text):
+        try:
+            out.append(bytes.fromhex(payload).decode() if how == "hex" else codecs.decode(payload, "rot13")
+                       if how == "rot13" else zlib.decompress(base64.b64decode(payload)).decode())
+        except ValueError:
+            pass
+    return "\n".join(out)
+
+
+def test_feedback_is_the_html_only(toy):
+    """generate_feedback copies nothing but the HTML (and submitted/'s timestamp.txt and
+    submission_secret.txt, not the kernel's folder's): files the kernel wrote (stolen.txt, env.json,
+    a timestamp.txt) stay in its sandbox (not even the autograded folder has them)."""
+    for student in HOSTILE:
+        folder = os.path.join(toy["course"], "feedback", student, T.A)
+        # (these submissions come without nbgrader's timestamp.txt: a course's exchange round trip,
+        # tests/test_course.py, has it)
+        assert os.listdir(folder) == [f"{T.A}.html"], student
+    # the files the kernel wrote stayed in its sandbox's working folder (a tmpfs): not even the
+    # instructor's autograded folder has them
+    assert not os.path.exists(os.path.join(toy["course"], "autograded", "seal_frame_hex", T.A, "stolen.txt"))
+    stamp = os.path.join(toy["course"], "autograded", "seal_tampered_stamp", T.A, "timestamp.txt")
+    if os.path.exists(stamp):
+        with open(stamp) as fh:
+            assert "LEAK" not in fh.read()
+
+
+@pytest.mark.parametrize("student", sorted(LEAKERS))
+def test_feedback_holds_nothing_of_the_hidden_tests(toy, student):
+    """Code that read the calling hidden test (IPython's history, the frame's code and constants,
+    `inspect`, `linecache`) and printed it in 12-character chunks, hex, rot13 or zlib, in the test,
+    in a later cell, in a file or as its error's message: neither the feedback's HTML nor the
+    notebook the student is shown holds an 8-character run of hidden test code, nor any of the
+    LEAK lines; the student still sees each part passed or failed."""
+    course = toy["course"]
+    windows = _secret_windows(course, student)
+    assert len(windows) > 100
+    html_path = os.path.join(course, "feedback", student, T.A, f"{T.A}.html")
+    nb = _student_notebook(course, student)
+    seen = {"html": _html_text(html_path), "notebook": json.dumps(nb)}
+    for where, text in seen.items():
+        norm = _normal(text)
+        found = sorted(w for w in windows if w in norm)
+        assert not found, (student, where, found[:5])
+        # (the student's own code, shown in the HTML, has 'LEAK:hex:' + ...; a printed line has its payload)
+        assert not re.search(r"LEAK:\w+:[^'\"\s\\]", text), (student, where)
+        assert "[grader] partA_works: passed" in text, (student, where)
+    # the route worked: the instructor's autograded notebook holds what the code decoded (except by
+    # history, which holds no test cell)
+    graded = nbformat.read(os.path.join(course, "autograded", student, T.A, f"{T.A}.ipynb"), as_version=4)
+    texts = [o.get("text", "") + "\n" + o.get("evalue", "") for c in graded.cells for o in c.get("outputs", [])]
+    stamp = os.path.join(course, "autograded", student, T.A, "timestamp.txt")
+    if os.path.exists(stamp):
+        with open(stamp) as fh:
+            texts.append(fh.read())
+    decoded = _normal(_decoded_leaks("\n".join(texts)))
+    hidden_here = any(w in decoded for w in windows)
+    assert hidden_here == (student != "seal_history_chunks"), student
+    # outputs of cells that ran after the first hidden test are replaced by a notice
+    later = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") in ("partB_answer", "partC_answer")]
+    assert student not in ("seal_history_chunks", "seal_frame_hex") or any(S_NOTICE in "".join(o.get("text", "") for o in c.get("outputs", [])) for c in later), student
+
+
+S_NOTICE = "this cell ran after a hidden test"
+
+
+def test_feedback_shows_verdicts_and_the_instructors_messages(toy):
+    course = toy["course"]
+    text = _html_text(os.path.join(course, "feedback", "cheat_eq", T.A, f"{T.A}.html"))
+    assert "[grader] partA_works: failed: AssertionError: add misses a hidden case (0 of 1 point)" in text, text[-3000:]
+    assert "[grader] partB_works: passed (1 of 1 point)" in text
+    # an error message not made of the instructor's texts: its type only
+    text = _html_text(os.path.join(course, "feedback", "seal_inspect_zlib", T.A, f"{T.A}.html"))
+    assert ("[grader] partB_works: failed: ValueError raised in your code; run the visible tests in your "
+            "notebook to see the message (0 of 1 point)") in text
+    text = _html_text(os.path.join(course, "feedback", "loop", T.A, f"{T.A}.html"))
+    assert "[grader] partA_works: stopped after 5 s (the cell's limit) (0 of 1 point)" in text
+    text = _html_text(os.path.join(course, "feedback", "hook_exc_in_test", T.A, f"{T.A}.html"))
+    assert "[grader] partA_works: failed: your code changed how cells run (" in text
+
+
+def test_messages_are_made_of_the_instructors_texts():
+    """Without a kernel: a message passes when it is made of the notebook's string literals and
+    f-string parts, with at most a few short numbers (rounded) in the placeholders."""
+    S = _sandbox_module()
+    f = S.MessageFilter(['assert ok, f"for n = {n} got {np.round(got[:3], 5)}..., expected {ref}: check W K"',
+                         'assert ok, "add misses a hidden case"',
+                         '_PARTS = {"add": "A"}\nmsg = f"your {name} (Part {part}) is not finished"'])
+    assert f.compose("add misses a hidden case") == "add misses a hidden case"
+    assert f.compose("for n = 8 got [0.123456 -1.5 3.]..., expected 2.5: check W K") == \
+        "for n = 8 got [0.1235 -1.5 3]..., expected 2.5: check W K"
+    assert f.compose("your add (Part A) is not finished") == "your add (Part A) is not finished"
+    assert f.compose("your 'add' (Part A) is not finished") == "your 'add' (Part A) is not finished"
+    assert f.compose("your add (Part A) is not finishedSingular matrix") == "your add (Part A) is not finishedSingular matrix"
+    # a placeholder that carries text, too many numbers, or code
+    assert f.compose("your assert type(add(40 (Part A) is not finished") is None
+    assert f.compose("assert type(add(40, 2)) in (int, float)") is None
+    many = f.compose("for n = 1 got [1 2 3 4 5 6 7 8]..., expected 9: check W K")
+    assert many == "for n = 1 got [1 2 3 4 5 … … …]..., expected …: check W K"
+
+
+def test_marker_is_the_last_statement_and_keeps_the_cells_result():
+    """Without a kernel: the marker runs after everything else, a last expression stays the cell's
+    result (partial credit), and a marker printed in two writes (split across outputs) is found."""
+    import ast
+
+    from nbformat.v4 import new_code_cell, new_output
+
+    S = _sandbox_module()
+    source = '"Part A"\nassert 1 + 1 == 2\nscore = 0.5\nscore'
+    marked = S.with_marker(source, "M123")
+    tree = ast.parse(marked)
+    assert isinstance(tree.body[-1], ast.Expr) and marked.startswith(source[:-len("score")])
+    printed = []
+    value = eval(compile(ast.Expression(tree.body[-1].value), "<cell>", "eval"),
+                 {"score": 0.5, "print": printed.append})
+    assert value == 0.5 and printed == ["M123"]
+    assert S.with_marker("for i in range(2):\n    assert i < 2", "M1").rstrip().endswith("print('M1')")
+    cell = new_code_cell("x", outputs=[new_output("stream", name="stdout", text="ok\nM9"),
+                                       new_output("stream", name="stdout", text="\n")])
+    assert S.take_marker(cell, "M9") and [o.text for o in cell.outputs] == ["ok\n"]
+    cell = new_code_cell("x", outputs=[new_output("stream", name="stdout", text="ok\n")])
+    assert not S.take_marker(cell, "M9")

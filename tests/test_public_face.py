@@ -118,7 +118,7 @@ def _valid():
         "ml2": dict(X=X, y=y, log_hyp0=h, kernel="se", likelihood="logistic", bounds=[(-3, 3), (-3, 3)],
                     max_iter=3, method="laplace", hyp_prior=None, discrete=None, eps=0.0),
         "em_ep": dict(X=X, y=y, log_hyp0=None, kernel="kg_iso", eps0=0.0, learn_eps=False, max_iter=2,
-                      tol=1e-4, bounds=None, m_step_iter=2, discrete=None),
+                      tol=1e-4, bounds=None, m_step_iter=2, discrete=None, accelerate=True, classic_rounds=1),
         "evidence_grid": dict(X=X, y=y, log_ell=[0.0], log_sf=[0.0], kernel="se", likelihood="logistic",
                               method="laplace", n_samples=10, seed=0, progress=False),
         "mcmc_posterior": dict(X=X, y=y, log_hyp=h, kernel="se", likelihood="probit", n_samples=5,

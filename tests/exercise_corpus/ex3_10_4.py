@@ -67,6 +67,23 @@ def partition_gap(K, W, grad, f, idx1, scale):
 }
 
 MISTAKES = {
+    # a cheat: an AST transformer that turns every assert of later cells into pass (every test would
+    # pass without the grader's guard), and a wrong update
+    "hooks_delete_asserts": ({"partA_newton_step", "partA_general"}, {"partA_answer": '''
+import ast
+
+
+class _NoAsserts(ast.NodeTransformer):
+    def visit_Assert(self, node):
+        return ast.Pass()
+
+
+get_ipython().ast_transformers.append(_NoAsserts())
+
+
+def newton_update_full(K, W, grad, f):
+    return f.copy()
+'''}),
     "K_W_instead_of_W_K": ({"partA_newton_step", "partA_general"}, {"partA_answer": '''
 def newton_update_full(K, W, grad, f):
     n = K.shape[0]

@@ -77,6 +77,30 @@ def cavity_from_posterior(Sigma, mu, tau_tilde, nu_tilde, i):
     nu_cav = mu[i] / Sigma[i, i] - nu_tilde[i]
     return nu_cav / tau_cav, 1.0 / tau_cav
 '''}),
+    # a cheat: an exception handler that shows nothing and a callback that clears the error (every
+    # failed test would pass without the grader's guard), and a wrong posterior
+    "hooks_swallow_errors": ({"partA_posterior"}, {"partA_answer": '''
+def _quiet(shell, etype, value, tb, tb_offset=None):
+    return []
+
+
+def _clear(result):
+    result.error_in_exec = None
+
+
+get_ipython().set_custom_exc((AssertionError,), _quiet)
+get_ipython().events.register("post_run_cell", _clear)
+
+
+def posterior(K, tau_tilde, nu_tilde):
+    return K.copy(), np.zeros(len(nu_tilde))
+
+
+def cavity_from_posterior(Sigma, mu, tau_tilde, nu_tilde, i):
+    tau_cav = 1.0 / Sigma[i, i] - tau_tilde[i]
+    nu_cav = mu[i] / Sigma[i, i] - nu_tilde[i]
+    return nu_cav / tau_cav, 1.0 / tau_cav
+'''}),
     "tau_and_nu_swapped": ({"partA_posterior"}, {"partA_answer": '''
 def posterior(K, tau_tilde, nu_tilde):
     Sigma = np.linalg.solve(np.eye(len(nu_tilde)) + K * nu_tilde[None, :], K)

@@ -1,0 +1,85 @@
+"""The floor benchmark's counting and tables (benchmarks/bench_floor.py, bench_fits.py), on n = 60.
+
+The floor of a list of box calls is checked against the sum written out by hand, with each timed
+operation replaced by a distinct power of ten, so that a miscounted operation changes the total.
+"""
+import os
+import sys
+from collections import namedtuple
+
+import numpy as np
+
+import gpclab
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import bench_fits    # noqa: E402
+import bench_floor   # noqa: E402
+
+COST = {"chol": 1.0, "potri": 10.0, "trsm": 100.0, "syrk": 1e3, "rank1": 1e4, "gemm": 1e5, "trmv": 1e6}
+
+
+class FixedFloor(bench_floor.Floor):
+    """A Floor whose operations cost COST[name] x (N / 60), whatever the machine."""
+
+    def __init__(self):
+        super().__init__(np.eye(2), 1)
+
+    def op(self, name, N):
+        return COST[name] * N / 60
+
+
+Mode = namedtuple("Mode", "n_iter")
+EPRes = namedtuple("EPRes", "nu_tilde n_sweeps")
+
+
+def test_floor_counts_each_call_as_documented():
+    calls = [("laplace_mode", (60, 60), Mode(4), False),                 # 5 Choleskys
+             ("ep", (60, 60), EPRes(np.zeros(60), 3), False),            # 3 x (rank1 + chol + trsm + syrk)
+             ("ep", (60, 60), EPRes(np.zeros(60), 2), True),             # warm: one refactorisation more
+             ("ep_multiclass", (30, 30), EPRes(np.zeros(60), 1), False),  # N = n (J - 1) = 60 latents
+             ("laplace_mode_multiclass", (3, 60, 60), Mode(1), False),   # 2 x (3 (chol + potri) + chol)
+             ("laplace_log_q_grad", (60, 60), None, False),              # potri
+             ("ep_log_Z_grad", (120, 120), None, False),                 # potri at N = 120
+             ("em_ep_grad", (60, 60), None, False),                      # chol + potri + 2 gemm
+             ("em_ep_bound", (60, 60), None, False)]                     # 2 chol + trsm
+    refactor = 1 + 100 + 1e3
+    expected = (5 + 3 * (1e4 + refactor) + 2 * (1e4 + refactor) + refactor + (1e4 + refactor)
+                + 2 * (3 * (1 + 10) + 1) + 10 + 20 + (1 + 10 + 2e5) + (2 + 100))
+    assert bench_floor.floor_of(calls, FixedFloor()) == expected
+
+
+def test_counter_records_the_fit_and_restores_the_functions():
+    X, y = bench_floor.synthetic(60)
+    entry = gpclab.laplace_mode.unchecked
+    with bench_floor.Counter() as c:
+        m = gpclab.GPClassifier(optimize=False).fit(X, y)
+    assert [name for name, *_ in c.calls] == ["laplace_mode"]
+    name, shape, res, warm = c.calls[0]
+    assert shape == (60, 60) and res.n_iter == m.n_iter_ and not warm
+    assert c.threads == 1 and c.inside > 0                     # n = 60: gpclab runs one BLAS thread
+    assert gpclab.laplace_mode.unchecked == entry              # the entry as it was before
+    before = len(c.calls)
+    gpclab.GPClassifier(optimize=False).fit(X, y)
+    assert len(c.calls) == before                              # nothing counted outside the block
+
+
+def test_tables_show_ratio_skips_and_timeouts():
+    c = bench_floor.Counter()
+    rows = [dict(fit="ep", data="synthetic", n=60, threads=1, time=2.0, floor=0.5, counter=c, evaluations=None,
+                 evidence=-40.0, warnings=[]),
+            dict(fit="ml2-laplace", data="synthetic", n=60, threads=1, time=3.0, floor=None, counter=c,
+                 evaluations=12, evidence=-30.0, ref=(15, -30.5), warnings=[]),
+            dict(fit="mc-ep", data="synthetic J=3", n=4000, skipped="n (J - 1) = 8000 difference latents")]
+    lines = bench_floor.table(rows).splitlines()
+    assert len(lines) == 5
+    cells = [x.strip() for x in lines[2].split("|")]
+    assert cells[5:8] == ["2 s", "n/a", "0.5 s"] and cells[8] == "4.00"
+    cells = [x.strip() for x in lines[3].split("|")]
+    assert cells[8] == "n/a" and cells[9] == "12 / 15" and cells[10] == "-30.000 / -30.500"
+    assert "skipped" in lines[4] and "8000 difference latents" in lines[4]
+    rs = [{"emep fit": 4.0, "emep converged": True, "emep iterations": 30, "emep warnings": [],
+           "emep log evidence": -50.0, "laplace fit": 0.1, "ml2-ep-same fit": 1.0,
+           "ml2-ep-same log evidence": -50.5}, {"timeout": 600.0}]
+    rows = dict(bench_fits.rows_of("emep-sonar", rs, 600.0))
+    assert rows["EM-EP time per fit"] == "> 600 s (1 of 2 timed out)"
+    assert rows["EM-EP not converged"] == "0 of 1 folds"

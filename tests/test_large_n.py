@@ -1,0 +1,318 @@
+"""Large n: GPClassifier.fit states its expected time and memory, refuses what would not fit,
+shows progress, stops on Ctrl-C, and fits ML-II on a random subset (max_ml2_n).
+
+Fast: small n, with the speed model of the machine replaced by a fixed one (a Cholesky of
+_SPEED_N points taking t_chol seconds) and the size above which fits are estimated lowered.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import gpclab
+
+
+def problem(n, seed=0):
+    r = np.random.default_rng(seed)
+    X = r.standard_normal((n, 2))
+    y = np.where(X[:, 0] + 0.5 * r.standard_normal(n) > 0, "b", "a")
+    return X, y
+
+
+@pytest.fixture
+def slow_machine(monkeypatch):
+    """A machine on which a Cholesky factorisation of _SPEED_N points takes 1e5 s (passes free),
+    and fits of 10 points or more are estimated."""
+    monkeypatch.setattr(gpclab, "_machine_speed_cache", [(1e5, 0.0, None), float("inf")])
+    monkeypatch.setattr(gpclab, "_ESTIMATE_FROM_N", 10)
+
+
+def test_estimate_scales_as_n_cubed(slow_machine):
+    """Twice the points: eight times the time (passes free), four times the memory."""
+    one = gpclab._fit_estimate(100, 100, (1, 1), "laplace", True, 1)
+    two = gpclab._fit_estimate(200, 200, (1, 1), "laplace", True, 1)
+    assert two["seconds"] == pytest.approx(8 * one["seconds"], rel=1e-12)
+    assert two["peak_bytes"] == pytest.approx(4 * one["peak_bytes"], rel=1e-12)
+    # the numbers themselves, from the model's definition: Cholesky factorisations of n^3/3
+    # flops, 1e5 s each at 1000 points; 15 evaluations of 6 during ML-II, 10 for the final fit
+    t = 1e5 * (100 / 1000) ** 3
+    assert one["seconds"] == pytest.approx(15 * 6 * t + 10 * t)
+    assert one["peak_bytes"] == 4 * 8 * 100 ** 2          # K, L, B^-1, dK
+    # ML-II on a subset of m: its part scales with m^3, the approximation at all n with n^3
+    sub = gpclab._fit_estimate(200, 100, (1, 1), "laplace", True, 1)
+    assert sub["seconds_ml2"] == pytest.approx(one["seconds_ml2"])
+    assert sub["seconds"] - sub["seconds_ml2"] == pytest.approx(80 * t)
+
+
+def test_fit_states_its_estimate_and_progress(slow_machine, capsys):
+    """Estimated above 30 s: the estimate first, then progress lines, without being asked; above
+    10 minutes also a RuntimeWarning."""
+    X, y = problem(100)
+    with pytest.warns(RuntimeWarning, match=r"n = 100, method 'laplace': expected about 2\.8 h"):
+        gpclab.GPClassifier(max_ml2_n=100).fit(X, y)          # asked for ML-II on all n
+    err = capsys.readouterr().err
+    est = gpclab._fit_estimate(100, 100, (1, 1), "laplace", True, 1)["seconds"]
+    assert est == pytest.approx(15 * 6 * 100.0 + 10 * 100.0)   # 2.8 h
+    lines = err.splitlines()
+    assert lines[0].startswith("GPClassifier.fit: n = 100, method 'laplace': expected about 2.8 h on this machine "
+                               "(ML-II on all n: about 15 evaluations")
+    assert "peak memory about 0.0 GiB" in lines[0]
+    assert re.match(r"GPClassifier.fit: ML-II evaluation 1 of about 15: log evidence -\d+\.\d+ \(best", lines[1])
+    assert lines[-1].startswith("GPClassifier.fit: done in")
+
+
+def test_no_progress_for_small_fits_unless_asked(capsys):
+    X, y = problem(60)
+    gpclab.GPClassifier().fit(X, y)                       # the real machine: 60 points are not estimated
+    assert capsys.readouterr().err == ""
+    gpclab.GPClassifier(verbose=True).fit(X, y)          # asked: progress at any size
+    assert "ML-II evaluation 1 of about" in capsys.readouterr().err
+
+
+def test_verbose_false_silences_progress_not_the_warning(slow_machine, capsys):
+    X, y = problem(100)
+    with pytest.warns(RuntimeWarning, match="expected about"):
+        gpclab.GPClassifier(verbose=False, max_ml2_n=100).fit(X, y)
+    assert capsys.readouterr().err == ""
+
+
+def test_ml2_over_half_an_hour_is_refused_unless_asked(slow_machine, monkeypatch):
+    """ML-II on all n expected over 30 minutes: not started by default, with the estimate, the
+    subset's time and how to run it anyway; 10-30 minutes: it runs, with a warning."""
+    X, y = problem(100)
+    clf = gpclab.GPClassifier(verbose=False)
+    with pytest.raises(RuntimeError) as e:
+        clf.fit(X, y)
+    msg = str(e.value)
+    assert "n = 100, method 'laplace': expected about 2.8 h" in msg and "not started" in msg
+    assert "over 30 min" in msg and "pass max_ml2_n=100" in msg and "optimize=False" in msg
+    assert not hasattr(clf, "log_hyp_")
+    # 1e5 s / 1000^3 * 100^3 = 100 s a factorisation; at a tenth of that ML-II's 90 factorisations
+    # take 15 min: warned, not refused
+    monkeypatch.setattr(gpclab, "_machine_speed_cache", [(1e4, 0.0, None), float("inf")])
+    with pytest.warns(RuntimeWarning, match="expected about"):
+        gpclab.GPClassifier(verbose=False).fit(X, y)
+
+
+def test_refused_when_memory_would_not_fit(slow_machine, monkeypatch):
+    """The approximation at all n needs 3 arrays of n x n: refused with the numbers, unfitted."""
+    X, y = problem(300)
+    monkeypatch.setattr(gpclab, "_memory_available", lambda: 10 ** 6)
+    clf = gpclab.GPClassifier()
+    with pytest.raises(MemoryError) as e:
+        clf.fit(X, y)
+    msg = str(e.value)
+    assert "n = 300" in msg and "expected about" in msg
+    assert "peak memory about 0.0 GiB" in msg and "more than the 0.0 GiB of memory available" in msg
+    # at most sqrt(1e6 / (3 * 8)) = 204 rows, rounded down to 200
+    assert "fit a random subset of at most 200 rows" in msg
+    assert not hasattr(clf, "log_hyp_")
+
+
+def test_refusal_names_max_ml2_n_when_only_ml2_would_not_fit(slow_machine, monkeypatch):
+    """2.5 MB: ML-II at n = 300 needs 4 x 8 x 300^2 = 2.9 MB, the approximation 2.2 MB."""
+    X, y = problem(300)
+    monkeypatch.setattr(gpclab, "_memory_available", lambda: 2_500_000)
+    with pytest.raises(MemoryError, match=r"pass max_ml2_n=200 \(ML-II on a random subset of 200"):
+        gpclab.GPClassifier(verbose=False).fit(X, y)
+    with pytest.warns(RuntimeWarning, match="expected about"):       # the advice fits
+        clf = gpclab.GPClassifier(max_ml2_n=200, verbose=False).fit(X, y)
+    assert len(clf.ml2_subset_) == 200
+
+
+def test_max_ml2_n_is_ml2_on_the_subset():
+    """ML-II on the random subset, then the approximation at all n with its log_hyp: the same
+    numbers as a plain fit on that subset, and a plain fit at all n with those log_hyp."""
+    X, y = problem(150, seed=3)
+    clf = gpclab.GPClassifier(max_ml2_n=60).fit(X, y)
+    sub = clf.ml2_subset_
+    assert sub.shape == (60,) and np.all(np.diff(sub) > 0) and set(y[sub]) == {"a", "b"}
+    plain = gpclab.GPClassifier().fit(X[sub], y[sub])
+    np.testing.assert_allclose(clf.log_hyp_, plain.log_hyp_, rtol=1e-12)
+    fixed = gpclab.GPClassifier(log_hyp=plain.log_hyp_, optimize=False).fit(X, y)
+    assert clf.log_marginal_likelihood_ == pytest.approx(fixed.log_marginal_likelihood_, rel=1e-12)
+    np.testing.assert_allclose(clf.predict_proba(X), fixed.predict_proba(X), rtol=1e-10)
+    # the subset differs from the first 60 points (it is drawn) and is the same for the same seed
+    assert not np.array_equal(sub, np.arange(60))
+    np.testing.assert_array_equal(gpclab.GPClassifier(max_ml2_n=60).fit(X, y).ml2_subset_, sub)
+    # max_ml2_n >= n: ML-II on all points
+    assert gpclab.GPClassifier(max_ml2_n=150).fit(X, y).ml2_subset_ is None
+
+
+@pytest.mark.filterwarnings("ignore:GPClassifier.fit. ML-II L-BFGS-B stopped")
+def test_max_ml2_n_keeps_every_class():
+    X, y = problem(200, seed=1)
+    y = y.astype(object)
+    y[[17, 101]] = "c"                                    # a class of two points
+    clf = gpclab.GPClassifier(max_ml2_n=20, optimize=True, max_iter=2).fit(X, y)
+    assert set(y[clf.ml2_subset_]) == {"a", "b", "c"}
+
+
+@pytest.mark.parametrize("name, value", [("max_ml2_n", 1), ("max_ml2_n", 2.5), ("max_ml2_n", True),
+                                         ("max_ml2_n", "2000"), ("verbose", -1), ("verbose", "yes")])
+def test_bad_large_n_parameters(name, value):
+    X, y = problem(20)
+    with pytest.raises(ValueError, match=f"GPClassifier: {name} must be"):
+        gpclab.GPClassifier(**{name: value}).fit(X, y)
+
+
+INTERRUPT = r"""
+import signal, sys
+import numpy as np
+import gpclab
+signal.signal(signal.SIGINT, signal.default_int_handler)   # whatever the parent left us
+r = np.random.default_rng(0)
+X = r.standard_normal((700, 2))
+y = np.where(X[:, 0] + 0.5 * r.standard_normal(700) > 0, 1, 0)
+gpclab.GPClassifier(max_iter=1).fit(X[:50], y[:50])               # compiled before the clock starts
+clf = gpclab.GPClassifier(n_restarts=10 ** 6, verbose=False)      # runs for ever unless interrupted
+print("START", flush=True)
+try:
+    clf.fit(X, y)
+    print("RETURNED", flush=True)
+except KeyboardInterrupt as e:
+    print("INTERRUPTED", flush=True)
+    print("FITTED", hasattr(clf, "log_hyp_"))
+    print("BEST", np.asarray(e.best_log_hyp).shape)
+    print("MESSAGE", e, flush=True)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT is POSIX")
+def test_ctrl_c_stops_a_long_fit_within_a_second():
+    """SIGINT from this process 2 s into a fit that would run for ever (as Ctrl-C comes from the
+    terminal, not from a thread of the fit, which numba code holding the GIL would starve):
+    KeyboardInterrupt within 1 s, the estimator unfitted, the message and best_log_hyp the
+    best log_hyp so far."""
+    import threading
+
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPT], stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ))
+    seen = {}
+
+    def read():
+        for line in proc.stdout:
+            seen.setdefault(line.split(" ", 1)[0].strip(), (time.perf_counter(), line.strip()))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        deadline = time.perf_counter() + 900
+        while "START" not in seen and proc.poll() is None and time.perf_counter() < deadline:
+            time.sleep(0.05)
+        assert "START" in seen, "the fit did not start"
+        time.sleep(2.0)
+        sent = time.perf_counter()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=300)
+        reader.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "INTERRUPTED" in seen, seen
+    assert seen["INTERRUPTED"][0] - sent < 1.0
+    lines = {k: v[1].split(" ", 1)[-1] for k, v in seen.items()}
+    assert lines["FITTED"] == "False"
+    assert lines["BEST"] == "(2,)"
+    assert lines["MESSAGE"].startswith("GPClassifier.fit interrupted during ML-II after ")
+    assert "the estimator is left unfitted. The best log_hyp so far (log evidence -" in lines["MESSAGE"]
+    assert "optimize=False) fits with it" in lines["MESSAGE"]
+
+
+@pytest.mark.parametrize("n, nb", [(1, 4), (50, 7), (61, 16), (64, 16), (130, 32)])
+def test_blocked_factorisations_match_lapack(n, nb):
+    """_cholesky_blocked and _potri_blocked (used above _BLOCKED_N, Ctrl-C between blocks) give
+    numpy's Cholesky factor and inverse, with small blocks so that every branch runs."""
+    r = np.random.default_rng(n)
+    G = r.standard_normal((n, n + 3))
+    B = G @ G.T / n + np.eye(n)
+    L = gpclab._cholesky_blocked(B.copy(), nb)
+    np.testing.assert_allclose(L, np.linalg.cholesky(B), rtol=0, atol=1e-12)
+    Binv = gpclab._potri_blocked(np.linalg.cholesky(B), nb)
+    ref = np.linalg.inv(B)
+    np.testing.assert_allclose(np.tril(Binv), np.tril(ref), rtol=0, atol=1e-12 * np.abs(ref).max())
+    assert not np.triu(Binv, 1).any()                    # the upper triangle keeps L's zeros
+
+
+def test_blocked_cholesky_refuses_an_indefinite_matrix():
+    A = np.eye(40)
+    A[30, 30] = -1.0
+    with pytest.raises(np.linalg.LinAlgError):
+        gpclab._cholesky_blocked(A, 8)
+
+
+@pytest.mark.parametrize("n, m, nb, rows, step", [(40, 9, 8, 16, 3), (57, 57, 16, 5, 57), (33, 1, 32, 40, 1)])
+def test_chunked_solve_and_syrk_match_the_dense_products(n, m, nb, rows, step):
+    """_solve_lower_chunks and _syrk_strips (solve_lower_matrix, syrk_lower above _BLOCKED_N)
+    against numpy's triangular solve and A^T A, with small pieces so that every branch runs."""
+    r = np.random.default_rng(n + m)
+    G = r.standard_normal((n, n))
+    L = np.linalg.cholesky(G @ G.T / n + np.eye(n))
+    B = r.standard_normal((n, m))
+    X = gpclab._solve_lower_chunks(L, B.copy(), step)
+    np.testing.assert_allclose(L @ X, B, rtol=0, atol=1e-12 * np.abs(B).max() * n)
+    A = r.standard_normal((m, n))
+    C = r.standard_normal((n, n))
+    out = C.copy()
+    gpclab._syrk_strips(out, A, -0.5, nb, rows)
+    ref = C - 0.5 * A.T @ A
+    np.testing.assert_allclose(np.tril(out), np.tril(ref), rtol=0, atol=1e-12 * np.abs(ref).max())
+    np.testing.assert_array_equal(np.triu(out, 1), np.triu(C, 1))   # the upper triangle untouched
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="POSIX interval timers")
+@pytest.mark.parametrize("which", ["cholesky", "potri"])
+def test_blocked_factorisations_see_a_signal_between_blocks(which):
+    """A signal that arrives during a blocked factorisation is seen at the next block (its
+    handler raises, as Ctrl-C's does): the call stops long before it would have ended. Small
+    blocks on n = 1200 make the call take long enough to tell (one LAPACK call is not stopped)."""
+    n, nb = 1200, 8
+    r = np.random.default_rng(0)
+    G = r.standard_normal((n, n))
+    B = G @ G.T / n + np.eye(n)
+    L = np.linalg.cholesky(B)
+    call = ((lambda: gpclab._cholesky_blocked(B.copy(), nb)) if which == "cholesky"
+            else (lambda: gpclab._potri_blocked(L.copy(), nb)))
+    from threadpoolctl import threadpool_limits
+
+    limits = threadpool_limits(1)                          # one BLAS thread: times that load moves least
+    call()                                                 # compiled
+    t = time.perf_counter()
+    call()
+    full = time.perf_counter() - t                         # its time
+
+    def alarm(signum, frame):
+        raise KeyboardInterrupt("alarm")
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, full / 5)
+        t = time.perf_counter()
+        with pytest.raises(KeyboardInterrupt):
+            call()
+        stopped = time.perf_counter() - t
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        limits.restore_original_limits()
+    assert stopped < full / 5 + 0.3 * full, (stopped, full)
+
+
+@pytest.mark.filterwarnings("ignore:GPClassifier.fit. EM-EP did not converge")
+def test_max_ml2_n_with_emep_is_emep_on_the_subset():
+    """EM-EP on the subset (its sites belong to the subset), then EP at all n with its log_hyp."""
+    X, y = problem(120, seed=5)
+    clf = gpclab.GPClassifier(method="emep", max_ml2_n=50, max_iter=3).fit(X, y)
+    sub = clf.ml2_subset_
+    plain = gpclab.GPClassifier(method="emep", max_iter=3).fit(X[sub], y[sub])
+    np.testing.assert_allclose(clf.log_hyp_, plain.log_hyp_, rtol=1e-12)
+    assert clf.nu_tilde_.shape == (120,)
+    fixed = gpclab.GPClassifier(method="ep", kernel="kg", likelihood="step", log_hyp=plain.log_hyp_,
+                                optimize=False).fit(X, y)
+    assert clf.log_marginal_likelihood_ == pytest.approx(fixed.log_marginal_likelihood_, rel=1e-9)
