@@ -11,14 +11,14 @@ and the code's departures from the box beside the lines they concern.
 Contents: each box, its function, and the line of the function's ``def`` in this
 file (the last row: the line of BOXES, which show_box and its helpers follow;
 tests/test_boxes.py keeps these numbers true):
-    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 993
-    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1060
-    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1276
-    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1540
-    GPML Algorithm 3.5  expectation propagation           ep                          line 1937
-    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2016
-    K&R Algorithm 3     annealed importance sampling      ais                         line 2524
-    the boxes as printed, errata, departures              BOXES, show_box             line 3486
+    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 1143
+    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1210
+    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1426
+    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1690
+    GPML Algorithm 3.5  expectation propagation           ep                          line 2087
+    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2166
+    K&R Algorithm 3     annealed importance sampling      ais                         line 2674
+    the boxes as printed, errata, departures              BOXES, show_box             line 3954
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
     GPML 3.3   covariance functions; the likelihoods (3.15, 3.16) and their one
