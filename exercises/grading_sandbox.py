@@ -853,9 +853,32 @@ INERT_TYPES = ("text/plain", "image/png", "image/jpeg", "image/gif")
 INERT_NOTICE = "[removed from the graded notebook: an output of type {types}, which a browser would run or render]"
 
 
+def _inert_metadata(meta, data):
+    """An output's metadata reduced to what is inert: an image's width and height as numbers.
+    nbconvert writes them into the page unquoted (`width={{ width | escape_html }}`), so a width of
+    `1 onerror=...` would be an event handler; `filenames` would point the image anywhere."""
+    out = {}
+    for mime in INERT_TYPES:
+        if mime == "text/plain" or mime not in data:
+            continue
+        sizes = {}
+        for key in ("width", "height"):
+            value = (meta.get(mime) or {}).get(key) if isinstance(meta.get(mime), dict) else None
+            if value is None:
+                value = meta.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+                sizes[key] = int(value)
+            elif isinstance(value, str) and value.strip().isdigit():
+                sizes[key] = int(value.strip())
+        if sizes:
+            out[mime] = sizes
+    return out
+
+
 def neutralise_outputs(nb):
-    """Keep only inert types (INERT_TYPES) in every display output of the notebook; returns how
-    many outputs lost something."""
+    """Keep only inert types (INERT_TYPES) in every display output of the notebook, and of their
+    metadata only an image's numeric width and height (_inert_metadata); returns how many outputs
+    lost something."""
     count = 0
     # the state of widgets (rendered by a widget manager in the feedback's HTML)
     if nb.get("metadata", {}).pop("widgets", None) is not None:
@@ -865,6 +888,11 @@ def neutralise_outputs(nb):
             data = out.get("data")
             if out.get("output_type") not in ("display_data", "execute_result", "update_display_data") or data is None:
                 continue
+            meta = out.get("metadata") or {}
+            clean = _inert_metadata(meta, data)
+            if clean != meta:
+                count += 1
+            out["metadata"] = clean
             dropped = sorted(k for k in data if k not in INERT_TYPES)
             if not dropped:
                 continue
@@ -1767,6 +1795,15 @@ class SandboxedExecute(Execute):
                 return False
             self._ran.append(i)
         return True
+
+    # ---- outputs change nothing but their own cell ----------------------------------------------------
+    def _update_display_id(self, display_id, msg):
+        """While grading, an output never rewrites another: `update_display` (and a display with a
+        display id shown before) would otherwise replace earlier outputs in place, also in cells
+        that ran before the first hidden test (which the feedback keeps) and past the output
+        limits (which count outputs as they are added). A display with a display id still adds its
+        own output where it is shown; an update is dropped."""
+        self.log.debug("display id %r: updates of earlier outputs are not applied while grading", display_id)
 
     # ---- bounded output ---------------------------------------------------------------------------
     def output(self, outs, msg, display_id, cell_index):

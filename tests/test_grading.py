@@ -1023,7 +1023,8 @@ def test_feedback_holds_nothing_of_the_hidden_tests(toy, student):
         assert not re.search(r"LEAK:\w+:[^'\"\s\\]", text), (student, where)
         assert "[grader] partA_works: passed" in text, (student, where)
     # the route worked: the instructor's autograded notebook holds what the code decoded (except by
-    # history, which holds no test cell)
+    # history, which holds no test cell, and the one that only wrote a file: what the kernel writes
+    # stays in its sandbox)
     graded = nbformat.read(os.path.join(course, "autograded", student, T.A, f"{T.A}.ipynb"), as_version=4)
     texts = [o.get("text", "") + "\n" + o.get("evalue", "") for c in graded.cells for o in c.get("outputs", [])]
     stamp = os.path.join(course, "autograded", student, T.A, "timestamp.txt")
@@ -1032,7 +1033,7 @@ def test_feedback_holds_nothing_of_the_hidden_tests(toy, student):
             texts.append(fh.read())
     decoded = _normal(_decoded_leaks("\n".join(texts)))
     hidden_here = any(w in decoded for w in windows)
-    assert hidden_here == (student != "seal_history_chunks"), student
+    assert hidden_here == (student not in ("seal_history_chunks", "seal_tampered_stamp")), student
     # outputs of cells that ran after the first hidden test are replaced by a notice
     later = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") in ("partB_answer", "partC_answer")]
     assert student not in ("seal_history_chunks", "seal_frame_hex") or any(S_NOTICE in "".join(o.get("text", "") for o in c.get("outputs", [])) for c in later), student

@@ -127,6 +127,31 @@ def test_missing_attachment_does_not_stop_the_export():
     HTMLExporter(template_name="classic").from_notebook_node(nb)
 
 
+# an image whose metadata would put an event handler into the page (nbconvert writes width and
+# height unquoted), and one whose `filenames` would point it anywhere
+PAINTER = """from IPython.display import display
+display({"image/png": "iVBORw0KGgo=", "text/plain": "fig"}, raw=True,
+        metadata={"image/png": {"width": "1 onerror=pwn() x", "height": 20}})
+display({"image/jpeg": "/9j/4AAQ", "text/plain": "photo"}, raw=True,
+        metadata={"height": "2 onload=pwn()", "filenames": {"image/jpeg": "/api/pwn"}})
+def add(a, b):
+    return a + b"""
+# an output shown before the first hidden test, rewritten by the student's function while a
+# hidden test calls it (update_display), with the test's code, and 50 MiB more
+UPDATER_A = """from IPython.display import display, update_display
+display("placeholder", display_id="leak1")
+display("small", display_id="big1")
+def add(a, b):
+    import sys, linecache
+    f = sys._getframe(1)
+    update_display("LEAK" + "".join(linecache.getlines(f.f_code.co_filename)).encode().hex(), display_id="leak1")
+    return a + b"""
+UPDATER_B = """display("again", display_id="leak1")
+update_display({"text/plain": "A" * (50 * 2 ** 20)}, raw=True, display_id="big1")
+def mul(a, b):
+    return a * b"""
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     """A submission with hostile Markdown, a raw HTML cell and a forged grade id, autograded with
@@ -145,6 +170,8 @@ def graded(tmp_path_factory):
                                    "locked": False, "schema_version": 3}
     nb.cells.insert(5, forged)
     nbformat.write(nb, path)
+    T.submit(course, "painter", {"partA_answer": PAINTER})
+    T.submit(course, "updater", {"partA_answer": UPDATER_A, "partB_answer": UPDATER_B})
     T.nbgrader(course, env, "autograde", T.A)
     T.nbgrader(course, env, "generate_feedback", T.A)
     return course
@@ -165,3 +192,48 @@ def test_feedback_is_inert(graded):
     for page in pages:
         with open(page) as fh:
             assert active(fh.read()) == [], page
+
+
+def test_image_metadata_is_inert(graded):
+    """An image output keeps its picture and a numeric size, never metadata that becomes markup."""
+    nb = nbformat.read(os.path.join(graded, "autograded", "painter", T.A, f"{T.A}.ipynb"), as_version=4)
+    page = _formgrade_page(nb)
+    assert active(page) == [] and "src=\"/api/pwn" not in page
+    images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert images and images[0]["metadata"] == {"image/png": {"height": 20}}
+    assert T.grades(graded, "painter") == {"partA_works": 1, "partB_works": 1, "partC_works": 1}
+    with open(os.path.join(graded, "feedback", "painter", T.A, f"{T.A}.html")) as fh:
+        assert active(fh.read()) == []
+
+
+def test_image_metadata_without_a_kernel():
+    from nbformat.v4 import new_code_cell, new_output
+    out = new_output("display_data", data={"image/png": "AAAA", "text/plain": "x"},
+                     metadata={"image/png": {"width": "1 onerror=pwn()", "height": "30"}, "width": 5,
+                               "filenames": {"image/png": "/api/x"}, "needs_background": "light"})
+    nb = new_notebook(cells=[new_code_cell("x", outputs=[out])])
+    assert G.neutralise_outputs(nb) == 1
+    # (the image's own width, not a number, is dropped; the output-wide one is not used in its place)
+    assert nb.cells[0].outputs[0]["metadata"] == {"image/png": {"height": 30}}
+    before = HTMLExporter(template_name="classic").from_notebook_node(
+        new_notebook(cells=[new_code_cell("x", outputs=[new_output(
+            "display_data", data={"image/png": "AAAA"}, metadata={"image/png": {"width": "1 onerror=pwn()"}})])]))[0]
+    assert active(before), "the checker sees the handler nbconvert writes"
+    assert active(HTMLExporter(template_name="classic").from_notebook_node(nb)[0]) == []
+
+
+def test_outputs_are_not_rewritten_by_later_cells(graded):
+    """update_display from a hidden test's call, or a later cell, changes no earlier output: the
+    output before the first hidden test stays as it was shown, the 50 MiB never arrive, and the
+    feedback holds nothing of the hidden test."""
+    path = os.path.join(graded, "autograded", "updater", T.A, f"{T.A}.ipynb")
+    assert os.path.getsize(path) < 2 ** 20
+    nb = nbformat.read(path, as_version=4)
+    shown = [o["data"]["text/plain"] for c in nb.cells for o in c.get("outputs", []) if "data" in o]
+    assert "'placeholder'" in shown and "'small'" in shown and "'again'" in shown
+    assert not any("LEAK" in t for t in shown)
+    with open(os.path.join(graded, "feedback", "updater", T.A, f"{T.A}.html")) as fh:
+        page = fh.read()
+    hidden = T.HIDDEN["partA_works"]
+    assert hidden.encode().hex()[:40] not in page and "LEAK" + hidden.encode().hex()[:8] not in page
+    assert T.grades(graded, "updater") == {"partA_works": 1, "partB_works": 1, "partC_works": 1}
