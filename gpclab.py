@@ -3742,6 +3742,14 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
 
     Used in: lectures/sec3_06b_em_ep.ipynb.
     """
+    return _em_ep(X, y, log_hyp0, kernel, eps0, learn_eps, max_iter, tol, bounds, m_step_iter, discrete,
+                  accelerate, classic_rounds)
+
+
+def _em_ep(X, y, log_hyp0, kernel, eps0, learn_eps, max_iter, tol, bounds, m_step_iter, discrete, accelerate,
+           classic_rounds, monitor=None):
+    """em_ep's rounds; monitor(log_hyp, log_Z_EP, k), if given, is called after the E-step that
+    ends round k (k = 0: the E-step at the start), GPClassifier.fit's progress (_FitMonitor)."""
     from scipy.optimize import minimize
 
     idx, classes = class_labels(y, "y")
@@ -3813,6 +3821,8 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
         mu, Sigma = res.mu, res.Sigma
         log_Zs.append(float(res.log_Z))
         epss.append(eps)
+        if monitor is not None:
+            monitor(h, log_Zs[-1], n_iter)
         F, F_cov = em_ep_bound.unchecked(K, y_g, eps, mu, Sigma)
         Fs.append(float(F))
         F_covs.append(float(F_cov))
@@ -3822,7 +3832,8 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
         if n_iter == limit:
             if fast and n_iter < max_iter:                   # the accelerated rounds from here
                 return _em_ep_accelerated(h, bounds, kernel, eps, max_iter - n_iter, tol, e_step, m_grad,
-                                          classes, minimize, sites, (log_Zs, Fs, F_covs, epss), n_iter)
+                                          classes, minimize, sites, (log_Zs, Fs, F_covs, epss), n_iter,
+                                          monitor)
             break
 
         def neg(x):
@@ -3858,12 +3869,13 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
 
 
 def _em_ep_accelerated(h, bounds, kernel, eps, max_iter, tol, e_step, m_grad, classes, minimize, sites,
-                       histories, rounds):
+                       histories, rounds, monitor=None):
     """em_ep's rounds with the accelerated M-step (eps fixed), after `rounds` classic ones whose
     histories and last sites are given: L-BFGS-B on log Z_EP, each of whose evaluations is an
     E-step (warm-started EP) and the M-step's gradient eq. 31 at its q (K&G's Theorem 1: the
     gradient of log Z_EP), its curvature kept across rounds; one round per L-BFGS-B iteration. The
-    histories go on with the accepted rounds, as em_ep's."""
+    histories go on with the accepted rounds, as em_ep's; monitor(log_hyp, log_Z_EP, round) after
+    each accepted round, as _em_ep's."""
     bounds = np.array(bounds, dtype=float)
     k = 1 if kernel == "se" else 0                 # the scale of K: log Z_EP of the step is flat along it
     bounds[k] = (h[k], h[k])
@@ -3904,7 +3916,10 @@ def _em_ep_accelerated(h, bounds, kernel, eps, max_iter, tol, e_step, m_grad, cl
     accepted = evaluate(h)          # the E-step at h again (warm, a sweep or two): its q and eq. 31
     if not log_Zs:
         record_e(accepted)
+        if monitor is not None:
+            monitor(accepted["x"], accepted["v"], rounds)
     state["accepted"] = accepted
+    state["rounds"] = rounds
 
     def callback(xk):                                   # a round: the M-step's point, then its E-step
         e = evaluate(xk)
@@ -3914,6 +3929,9 @@ def _em_ep_accelerated(h, bounds, kernel, eps, max_iter, tol, e_step, m_grad, cl
         F_covs.append(float(F_cov_M))
         record_e(e)
         state["accepted"] = e
+        state["rounds"] += 1
+        if monitor is not None:
+            monitor(e["x"], e["v"], state["rounds"])
 
     n_iter, converged = 0, False
     if max_iter > 0 and np.any(bounds[:, 0] < bounds[:, 1]):
@@ -5237,17 +5255,21 @@ class _FitThreads:
 
 
 class _FitMonitor:
-    """ML-II's progress during GPClassifier.fit: evaluations done, the evidence, time per
-    evaluation, the time left; and the best log_hyp so far, which an interrupt reports."""
+    """ML-II's (or EM-EP's) progress during GPClassifier.fit: evaluations (rounds) done, the
+    evidence, time per evaluation (round), the time left; and the best log_hyp so far, which an
+    interrupt reports. ML-II: a line after the first evaluation, then after an evaluation at
+    most every _PROGRESS_EVERY s; EM-EP (rounds=True): a line after every round."""
 
-    def __init__(self, show, expected, stream=None):
+    def __init__(self, show, expected, stream=None, rounds=False):
         import time
 
         self.clock = time.perf_counter
         self.show, self.expected = show, expected
         self.stream = stream
+        self.rounds = rounds
         self.start = self.last = self.clock()
         self.count = 0
+        self.round = 0
         self.best_x, self.best_v = None, -np.inf
 
     def say(self, text):
@@ -5255,20 +5277,38 @@ class _FitMonitor:
 
         print("GPClassifier.fit: " + text, file=self.stream or sys.stderr, flush=True)
 
-    def __call__(self, x, value):
+    def _done_text(self):
+        """'3 ML-II evaluations', '1 EM-EP round': the work finished so far."""
+        k, unit = (self.round, "EM-EP round") if self.rounds else (self.count, "ML-II evaluation")
+        return f"{k} {unit}{'' if k == 1 else 's'}"
+
+    def __call__(self, x, value, k=None):
+        """After an evaluation of the evidence at log_hyp x (ML-II), or after EM-EP's round k
+        (its E-step's log Z_EP; k = 0 the start)."""
         self.count += 1
+        if k is not None:
+            self.round = int(k)
         if value > self.best_v:
             self.best_x, self.best_v = np.array(x, dtype=float), float(value)
         now = self.clock()
-        if self.show and (now - self.last >= _PROGRESS_EVERY or self.count == 1):
+        if self.show and (self.rounds or now - self.last >= _PROGRESS_EVERY or self.count == 1):
             self.last = now
             per = (now - self.start) / self.count
+            unit = "round" if self.rounds else "evaluation"
             if self.expected and self.count < self.expected:
                 left = f", about {_duration(per * (self.expected - self.count))} left"
+            elif self.expected:
+                left = (", beyond the typical count (EM-EP stops at convergence or max_iter)" if self.rounds
+                        else ", beyond the typical count (L-BFGS-B stops at convergence or max_iter)")
             else:
-                left = ", beyond the typical count (L-BFGS-B stops at convergence or max_iter)"
-            self.say(f"ML-II evaluation {self.count} of about {self.expected}: log evidence {value:.4f} "
-                     f"(best {self.best_v:.4f}), {per:.2f} s per evaluation{left}")
+                left = ""
+            of = f" of about {self.expected}" if self.expected else ""
+            if self.rounds:
+                self.say(f"EM-EP round {self.round}{of}: log Z_EP {value:.4f} (best {self.best_v:.4f}), "
+                         f"{per:.2f} s per {unit}{left}")
+            else:
+                self.say(f"ML-II evaluation {self.count}{of}: log evidence {value:.4f} "
+                         f"(best {self.best_v:.4f}), {per:.2f} s per {unit}{left}")
 
     def interrupted(self, where, shape, log_hyp=None):
         """The KeyboardInterrupt that ends an interrupted fit: where it stopped, that the
@@ -5276,15 +5316,17 @@ class _FitMonitor:
         best = log_hyp if log_hyp is not None else self.best_x
         if best is not None and np.size(best) == int(np.prod(shape)):
             best = np.reshape(best, shape)
-        text = (f"GPClassifier.fit interrupted {where} after {self.count} ML-II evaluations "
+        text = (f"GPClassifier.fit interrupted {where} after {self._done_text()} "
                 f"({_duration(self.clock() - self.start)}); the estimator is left unfitted")
         if best is not None:
             told = np.round(best, 6).tolist()
-            text += (f". The best log_hyp so far{'' if log_hyp is not None else f' (log evidence {self.best_v:.4f})'}"
+            what = "log Z_EP" if self.rounds else "log evidence"
+            text += (f". The best log_hyp so far{'' if log_hyp is not None else f' ({what} {self.best_v:.4f})'}"
                      f": {told}. GPClassifier(log_hyp={told}, optimize=False) fits with it, or pass it as "
-                     "log_hyp to start ML-II from it")
+                     f"log_hyp to start {'EM-EP' if self.rounds else 'ML-II'} from it")
         else:
-            text += " (no evaluation of the evidence had finished)"
+            text += (" (no E-step of EM-EP had finished)" if self.rounds
+                     else " (no evaluation of the evidence had finished)")
         e = KeyboardInterrupt(text)
         e.best_log_hyp = best
         return e
@@ -5724,8 +5766,9 @@ class GPClassifier:
 
             def run(start):
                 if method == "emep":
-                    out = em_ep(X_h, self.classes_[idx_h], start, kernel, self.eps, self.learn_eps,
-                                self.max_iter, self.tol, bounds, discrete=discrete)
+                    out = _em_ep(X_h, self.classes_[idx_h], np.array(start, dtype=float), kernel,
+                                 float(self.eps), bool(self.learn_eps), int(self.max_iter), float(self.tol),
+                                 np.array(bounds, dtype=float), 5, discrete, True, 0, monitor)
                     return out.log_hyp, out.result.log_Z, out, {}
                 h, v, opt, notes = _ml2_run(X_h, y_h, start, kernel, likelihood, bounds, self.max_iter,
                                             method, self.hyp_prior, discrete, self.eps, None, monitor)
@@ -5742,7 +5785,8 @@ class GPClassifier:
                     if trial[1] > best[1]:
                         best = trial
             except KeyboardInterrupt:
-                raise monitor.interrupted("during ML-II", h0.shape) from None
+                raise monitor.interrupted("during EM-EP" if method == "emep" else "during ML-II",
+                                          h0.shape) from None
             h0, _, out, notes = best
             if method == "emep":
                 emep = out
@@ -5762,14 +5806,17 @@ class GPClassifier:
             res = None                   # EM-EP's sites belong to the subset
         try:
             if res is None:
-                if sub is not None and monitor.show:
+                if monitor.show:
                     est = monitor.estimate
-                    left = (f", expected about {_duration(est['seconds'] - est['seconds_ml2'])}" if est else "")
-                    monitor.say(f"the approximation at all n = {n} with the log_hyp of "
-                                f"{'EM-EP' if method == 'emep' else 'ML-II'} on {len(sub)}: "
-                                f"{np.round(log_hyp, 4).tolist()}{left}")
+                    left = (f": expected about {_duration(est['seconds'] - est['seconds_ml2'])}" if est else "")
+                    found = (f" with the log_hyp of {'EM-EP' if method == 'emep' else 'ML-II'} on {len(sub)}"
+                             if sub is not None else "")
+                    monitor.say(f"fitting at all n = {n}{left}{found}: log_hyp {np.round(log_hyp, 4).tolist()}")
+                    started = monitor.clock()
                 _, _, res, _ = evidence(X, y_t, class_hyp, kernel, likelihood, method, None, False, discrete,
                                         eps)
+                if monitor.show:
+                    monitor.say(f"the approximation at all n = {n} done in {_duration(monitor.clock() - started)}")
             if multiclass and method == "laplace":
                 K = np.stack([kernel_matrix(kernel, X, X, h, discrete) for h in class_hyp])
             else:
@@ -5835,14 +5882,16 @@ class GPClassifier:
         est = _fit_estimate(n, m, blocks, method, bool(self.optimize), runs)
         show = bool(self.verbose) if self.verbose is not None else (
             est is not None and est["seconds"] >= _SLOW_FIT_SECONDS)
-        monitor = _FitMonitor(show, est["evaluations"] if est else None)
+        rounds = method == "emep" and bool(self.optimize)
+        monitor = _FitMonitor(show, (est["evaluations"] // 2 if rounds else est["evaluations"]) if est else None,
+                              rounds=rounds)
         monitor.estimate = est
         if est is None:
             return monitor
         what = ("EM-EP" if method == "emep" else "ML-II") if self.optimize else None
         on = f" on a random subset of {m}" if m < n else " on all n"
         statement = (f"n = {n}, method {method!r}: expected about {_duration(est['seconds'])} on this machine"
-                     + (f" ({what}{on}: about {est['evaluations']} evaluations, "
+                     + (f" ({what}{on}: about {monitor.expected} {'rounds' if rounds else 'evaluations'}, "
                         f"{_duration(est['seconds_ml2'])}; then the approximation at all n)" if what else "")
                      + f", peak memory about {_gib(est['peak_bytes'])}")
         have = _memory_available()
@@ -5870,13 +5919,14 @@ class GPClassifier:
                         + f"; {blas} (measured faster now)")
         if self.optimize and est["seconds_ml2"] >= _LONG_FIT_SECONDS:
             hint = ""
-            if m > 2000 and method != "emep":
-                alt = _fit_estimate(n, 2000, blocks, method, True, runs)
-                hint = (f" max_ml2_n=2000 (ML-II on a random subset of 2000, then the approximation at all "
-                        f"n) is expected to take about {_duration(alt['seconds'])}.")
+            m_alt = 1000 if method == "emep" else 2000      # EM-EP: about 20 rounds of EP and eq. 31
+            if m > m_alt:
+                alt = _fit_estimate(n, m_alt, blocks, method, True, runs)
+                hint = (f" max_ml2_n={m_alt} ({what} on a random subset of {m_alt}, then the approximation "
+                        f"at all n) is expected to take about {_duration(alt['seconds'])}.")
             if self.max_ml2_n is None and est["seconds_ml2"] >= _REFUSE_ML2_SECONDS:
-                raise RuntimeError(f"GPClassifier.fit: {statement}; not started: ML-II on all n would take "
-                                   f"over {_duration(_REFUSE_ML2_SECONDS)}.{hint} To run ML-II on all n "
+                raise RuntimeError(f"GPClassifier.fit: {statement}; not started: {what} on all n would take "
+                                   f"over {_duration(_REFUSE_ML2_SECONDS)}.{hint} To run {what} on all n "
                                    f"anyway, pass max_ml2_n={n}; or give log_hyp with optimize=False")
             warnings.warn(f"GPClassifier.fit: {statement}.{hint} Ctrl-C stops the fit, and its message "
                           "gives the best log_hyp so far", RuntimeWarning, stacklevel=4)
