@@ -5453,11 +5453,17 @@ class GPClassifier:
         598 s; at n = 2,000, ML-II on 1,000 gave 0.31 nats less and 0.8940
         against 0.8936.
     verbose : None, bool or int
-        Progress on stderr: first the expected time and peak memory, then,
-        during ML-II, a line every 5 s with the evaluations done, the log
-        evidence (and the best), the time per evaluation and the time left.
-        None (default): shown for fits expected to take over 30 s; True (or
-        a positive int): always; False or 0: never.
+        Progress on stderr: first the expected time and peak memory; then,
+        during ML-II, a line after the first evaluation of the evidence and
+        after an evaluation at most every 5 s (lines come when an evaluation
+        ends, not on a clock) with the evaluations done, the log evidence
+        (and the best), the time per evaluation and the time left; during
+        EM-EP a line after every round (round k, its log Z_EP and the best,
+        seconds per round, the time left); a line when the approximation at
+        all n starts (with its expected time) and ends; the total time. Fits
+        too small to be estimated count without "of about". None (default):
+        shown for fits expected to take over 30 s; True (or a positive int):
+        always; False or 0: never.
 
     Large n: before a fit of 1,500 points or more (summed over the latent
     blocks), fit estimates its time and peak memory from a model of this
@@ -5468,9 +5474,9 @@ class GPClassifier:
     two). A fit whose peak memory (4 n x n arrays for Laplace ML-II, 6 for
     EP) exceeds the memory available raises MemoryError before it starts,
     naming n, the estimate, the memory needed and available, and what to do
-    instead (max_ml2_n, or a subset of the rows); an ML-II expected to take
-    over 10 minutes warns (RuntimeWarning) with the estimate and the time
-    max_ml2_n=2000 would take, and one on all n expected to take over 30
+    instead (max_ml2_n, or a subset of the rows); an ML-II (or EM-EP) expected
+    to take over 10 minutes warns (RuntimeWarning) with the estimate and the
+    time max_ml2_n=2000 (EM-EP: 1000) would take, and one on all n expected to take over 30
     minutes is not started when max_ml2_n is left at None: RuntimeError with
     the estimate and what to do instead (max_ml2_n=2000 and its time, or
     max_ml2_n=n to run it on all n anyway, or fixed log_hyp). The fit runs with the BLAS thread count
@@ -5483,8 +5489,9 @@ class GPClassifier:
     operation at most about 2 n 256 1024 flops (0.1-0.5 s at n = 10,000 on
     one core), so that the fit stops within about a second; the O(n^2) loops
     between checks take a fraction of a second at n = 10,000. An interrupted fit leaves the estimator unfitted; the message and the
-    exception's best_log_hyp give the best log_hyp so far, to pass as
-    log_hyp (with optimize=False to fit at once).
+    exception's best_log_hyp give the best log_hyp so far (EM-EP: of the
+    finished round with the best log Z_EP), to pass as log_hyp (with
+    optimize=False to fit at once).
 
     scikit-learn: GPClassifier is a scikit-learn estimator (clone, Pipeline,
     GridSearchCV, cross_val_score, CalibratedClassifierCV, OneVsRestClassifier)
