@@ -5240,9 +5240,34 @@ class _FitThreads:
 
     def __init__(self):
         self.limits = None
+        self.alarm = None
 
     def __enter__(self):
         return self
+
+    def tick(self, monitor):
+        """monitor.tick() every _PROGRESS_EVERY s for the rest of the fit, by SIGALRM: CPython runs
+        the handler between bytecodes and in numba code at every check_interrupt (PyErr_CheckSignals),
+        so a line comes during a long evaluation too, with no thread (a thread would be starved of
+        the GIL while numba code holds it). Only in the main thread, and only when SIGALRM and the
+        real-time timer are unused (their owner's are left alone)."""
+        import signal
+        import threading
+
+        if (not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread()
+                or signal.getsignal(signal.SIGALRM) is not signal.SIG_DFL
+                or signal.getitimer(signal.ITIMER_REAL) != (0.0, 0.0)):
+            return
+
+        def handler(signum, frame):
+            try:
+                monitor.tick()
+            except Exception:              # a line that cannot be written must not end the fit
+                pass
+
+        signal.signal(signal.SIGALRM, handler)
+        signal.setitimer(signal.ITIMER_REAL, _PROGRESS_EVERY, _PROGRESS_EVERY)
+        self.alarm = True
 
     def limit(self, k):
         from threadpoolctl import threadpool_limits
@@ -5250,6 +5275,12 @@ class _FitThreads:
         self.limits = threadpool_limits(limits=k, user_api="blas")
 
     def __exit__(self, *exc):
+        if self.alarm is not None:
+            import signal
+
+            signal.setitimer(signal.ITIMER_REAL, 0.0)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            self.alarm = None
         if self.limits is not None:
             self.limits.restore_original_limits()
 
@@ -5267,15 +5298,18 @@ class _FitMonitor:
         self.show, self.expected = show, expected
         self.stream = stream
         self.rounds = rounds
-        self.start = self.last = self.clock()
+        self.start = self.last = self.event = self.clock()
         self.count = 0
         self.round = 0
+        self.final = None                 # (n, started) during the approximation at all n
+        self.optimize = True
         self.best_x, self.best_v = None, -np.inf
 
     def say(self, text):
         import sys
 
         print("GPClassifier.fit: " + text, file=self.stream or sys.stderr, flush=True)
+        self.last = self.clock()
 
     def _done_text(self):
         """'3 ML-II evaluations', '1 EM-EP round': the work finished so far."""
@@ -5290,7 +5324,7 @@ class _FitMonitor:
             self.round = int(k)
         if value > self.best_v:
             self.best_x, self.best_v = np.array(x, dtype=float), float(value)
-        now = self.clock()
+        now = self.event = self.clock()
         if self.show and (self.rounds or now - self.last >= _PROGRESS_EVERY or self.count == 1):
             self.last = now
             per = (now - self.start) / self.count
@@ -5309,6 +5343,24 @@ class _FitMonitor:
             else:
                 self.say(f"ML-II evaluation {self.count}{of}: log evidence {value:.4f} "
                          f"(best {self.best_v:.4f}), {per:.2f} s per {unit}{left}")
+
+    def tick(self):
+        """A line during a long step (_FitThreads.tick: every _PROGRESS_EVERY s) if none came for
+        _PROGRESS_EVERY s: what is running and for how long."""
+        now = self.clock()
+        if not self.show or now - self.last < 0.9 * _PROGRESS_EVERY:
+            return
+        self.last = now
+        if self.final is not None:
+            n, started = self.final
+            self.say(f"the approximation at all n = {n}: running for {_duration(now - started)}")
+        elif not self.optimize:
+            return
+        elif self.rounds:
+            self.say(f"EM-EP round {self.round + 1 if self.count else 0}: running for "
+                     f"{_duration(now - self.event)}")
+        else:
+            self.say(f"ML-II evaluation {self.count + 1}: running for {_duration(now - self.event)}")
 
     def interrupted(self, where, shape, log_hyp=None):
         """The KeyboardInterrupt that ends an interrupted fit: where it stopped, that the
@@ -5455,9 +5507,11 @@ class GPClassifier:
     verbose : None, bool or int
         Progress on stderr: first the expected time and peak memory; then,
         during ML-II, a line after the first evaluation of the evidence and
-        after an evaluation at most every 5 s (lines come when an evaluation
-        ends, not on a clock) with the evaluations done, the log evidence
-        (and the best), the time per evaluation and the time left; during
+        after an evaluation at most every 5 s with the evaluations done, the
+        log evidence (and the best), the time per evaluation and the time
+        left, and while a step runs with no line for 5 s, what runs and for
+        how long (by a SIGALRM timer: in the main thread, when the caller
+        has no SIGALRM handler or timer of its own); during
         EM-EP a line after every round (round k, its log Z_EP and the best,
         seconds per round, the time left); a line when the approximation at
         all n starts (with its expected time) and ends; the total time. Fits
@@ -5820,6 +5874,7 @@ class GPClassifier:
                              if sub is not None else "")
                     monitor.say(f"fitting at all n = {n}{left}{found}: log_hyp {np.round(log_hyp, 4).tolist()}")
                     started = monitor.clock()
+                    monitor.final = (n, started)
                 _, _, res, _ = evidence(X, y_t, class_hyp, kernel, likelihood, method, None, False, discrete,
                                         eps)
                 if monitor.show:
@@ -5893,6 +5948,9 @@ class GPClassifier:
         monitor = _FitMonitor(show, (est["evaluations"] // 2 if rounds else est["evaluations"]) if est else None,
                               rounds=rounds)
         monitor.estimate = est
+        monitor.optimize = bool(self.optimize)
+        if threads is not None and show:
+            threads.tick(monitor)
         if est is None:
             return monitor
         what = ("EM-EP" if method == "emep" else "ML-II") if self.optimize else None
