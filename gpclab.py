@@ -18,7 +18,7 @@ tests/test_boxes.py keeps these numbers true):
     GPML Algorithm 3.5  expectation propagation           ep                          line 2087
     GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2166
     K&R Algorithm 3     annealed importance sampling      ais                         line 2674
-    the boxes as printed, errata, departures              BOXES, show_box             line 3954
+    the boxes as printed, errata, departures              BOXES, show_box             line 3972
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
     GPML 3.3   covariance functions; the likelihoods (3.15, 3.16) and their one
