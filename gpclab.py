@@ -11,14 +11,14 @@ and the code's departures from the box beside the lines they concern.
 Contents: each box, its function, and the line of the function's ``def`` in this
 file (the last row: the line of BOXES, which show_box and its helpers follow;
 tests/test_boxes.py keeps these numbers true):
-    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 1143
-    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1210
-    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1426
-    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1690
-    GPML Algorithm 3.5  expectation propagation           ep                          line 2087
-    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2166
-    K&R Algorithm 3     annealed importance sampling      ais                         line 2674
-    the boxes as printed, errata, departures              BOXES, show_box             line 3972
+    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 1144
+    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1211
+    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1427
+    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1691
+    GPML Algorithm 3.5  expectation propagation           ep                          line 2088
+    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2167
+    K&R Algorithm 3     annealed importance sampling      ais                         line 2675
+    the boxes as printed, errata, departures              BOXES, show_box             line 3971
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
     GPML 3.3   covariance functions; the likelihoods (3.15, 3.16) and their one
@@ -125,6 +125,7 @@ log_likelihood and its row to LIKELIHOODS (the comment above the table says how)
 tests/test_likelihoods.py adds the complementary log-log likelihood that way.
 """
 
+import contextvars
 import gc
 import inspect
 import math
@@ -3625,6 +3626,10 @@ def ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L=None
 EMEPResult = namedtuple(
     "EMEPResult", ["log_hyp", "eps", "log_Z", "F", "F_cov", "eps_history", "result", "n_iter",
                    "converged", "classes"])
+# GPClassifier.fit's _FitMonitor while it runs em_ep (None otherwise): monitor(log_hyp, log_Z_EP, k)
+# after the E-step that ends round k (k = 0: the E-step at the start). A context variable, so that
+# fits in several threads each see their own.
+_emep_monitor = contextvars.ContextVar("gpclab_emep_monitor", default=None)
 
 
 @public(kernel="{se,ard,kg,kg_iso}", X="X", log_hyp0="(p,) loghyp ?", eps0="eps", learn_eps="bool", max_iter="count0",
@@ -3742,15 +3747,9 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
 
     Used in: lectures/sec3_06b_em_ep.ipynb.
     """
-    return _em_ep(X, y, log_hyp0, kernel, eps0, learn_eps, max_iter, tol, bounds, m_step_iter, discrete,
-                  accelerate, classic_rounds)
-
-
-def _em_ep(X, y, log_hyp0, kernel, eps0, learn_eps, max_iter, tol, bounds, m_step_iter, discrete, accelerate,
-           classic_rounds, monitor=None):
-    """em_ep's rounds; monitor(log_hyp, log_Z_EP, k), if given, is called after the E-step that
-    ends round k (k = 0: the E-step at the start), GPClassifier.fit's progress (_FitMonitor)."""
     from scipy.optimize import minimize
+
+    monitor = _emep_monitor.get()        # GPClassifier.fit's progress, called after each round's E-step
 
     idx, classes = class_labels(y, "y")
     if idx.shape[0] != X.shape[0]:
@@ -5827,9 +5826,12 @@ class GPClassifier:
 
             def run(start):
                 if method == "emep":
-                    out = _em_ep(X_h, self.classes_[idx_h], np.array(start, dtype=float), kernel,
-                                 float(self.eps), bool(self.learn_eps), int(self.max_iter), float(self.tol),
-                                 np.array(bounds, dtype=float), 5, discrete, True, 0, monitor)
+                    token = _emep_monitor.set(monitor)
+                    try:
+                        out = em_ep(X_h, self.classes_[idx_h], start, kernel, self.eps, self.learn_eps,
+                                    self.max_iter, self.tol, bounds, discrete=discrete)
+                    finally:
+                        _emep_monitor.reset(token)
                     return out.log_hyp, out.result.log_Z, out, {}
                 h, v, opt, notes = _ml2_run(X_h, y_h, start, kernel, likelihood, bounds, self.max_iter,
                                             method, self.hyp_prior, discrete, self.eps, None, monitor)
