@@ -11,14 +11,14 @@ and the code's departures from the box beside the lines they concern.
 Contents: each box, its function, and the line of the function's ``def`` in this
 file (the last row: the line of BOXES, which show_box and its helpers follow;
 tests/test_boxes.py keeps these numbers true):
-    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 1143
-    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1210
-    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1426
-    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1690
-    GPML Algorithm 3.5  expectation propagation           ep                          line 2087
-    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2166
-    K&R Algorithm 3     annealed importance sampling      ais                         line 2674
-    the boxes as printed, errata, departures              BOXES, show_box             line 3954
+    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 1144
+    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1211
+    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1427
+    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1691
+    GPML Algorithm 3.5  expectation propagation           ep                          line 2088
+    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2167
+    K&R Algorithm 3     annealed importance sampling      ais                         line 2675
+    the boxes as printed, errata, departures              BOXES, show_box             line 3971
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
     GPML 3.3   covariance functions; the likelihoods (3.15, 3.16) and their one
@@ -125,6 +125,7 @@ log_likelihood and its row to LIKELIHOODS (the comment above the table says how)
 tests/test_likelihoods.py adds the complementary log-log likelihood that way.
 """
 
+import contextvars
 import gc
 import inspect
 import math
@@ -3625,6 +3626,10 @@ def ep_predict_multiclass(nu_tilde, tau_tilde, C, y, K_star, k_star_star, L=None
 EMEPResult = namedtuple(
     "EMEPResult", ["log_hyp", "eps", "log_Z", "F", "F_cov", "eps_history", "result", "n_iter",
                    "converged", "classes"])
+# GPClassifier.fit's _FitMonitor while it runs em_ep (None otherwise): monitor(log_hyp, log_Z_EP, k)
+# after the E-step that ends round k (k = 0: the E-step at the start). A context variable, so that
+# fits in several threads each see their own.
+_emep_monitor = contextvars.ContextVar("gpclab_emep_monitor", default=None)
 
 
 @public(kernel="{se,ard,kg,kg_iso}", X="X", log_hyp0="(p,) loghyp ?", eps0="eps", learn_eps="bool", max_iter="count0",
@@ -3744,6 +3749,8 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
     """
     from scipy.optimize import minimize
 
+    monitor = _emep_monitor.get()        # GPClassifier.fit's progress, called after each round's E-step
+
     idx, classes = class_labels(y, "y")
     if idx.shape[0] != X.shape[0]:
         raise ValueError(f"em_ep: X and y must have the same number of samples, got {X.shape[0]} and "
@@ -3813,6 +3820,8 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
         mu, Sigma = res.mu, res.Sigma
         log_Zs.append(float(res.log_Z))
         epss.append(eps)
+        if monitor is not None:
+            monitor(h, log_Zs[-1], n_iter)
         F, F_cov = em_ep_bound.unchecked(K, y_g, eps, mu, Sigma)
         Fs.append(float(F))
         F_covs.append(float(F_cov))
@@ -3822,7 +3831,8 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
         if n_iter == limit:
             if fast and n_iter < max_iter:                   # the accelerated rounds from here
                 return _em_ep_accelerated(h, bounds, kernel, eps, max_iter - n_iter, tol, e_step, m_grad,
-                                          classes, minimize, sites, (log_Zs, Fs, F_covs, epss), n_iter)
+                                          classes, minimize, sites, (log_Zs, Fs, F_covs, epss), n_iter,
+                                          monitor)
             break
 
         def neg(x):
@@ -3858,12 +3868,13 @@ def em_ep(X, y, log_hyp0=None, kernel="kg", eps0=0.0, learn_eps=False, max_iter=
 
 
 def _em_ep_accelerated(h, bounds, kernel, eps, max_iter, tol, e_step, m_grad, classes, minimize, sites,
-                       histories, rounds):
+                       histories, rounds, monitor=None):
     """em_ep's rounds with the accelerated M-step (eps fixed), after `rounds` classic ones whose
     histories and last sites are given: L-BFGS-B on log Z_EP, each of whose evaluations is an
     E-step (warm-started EP) and the M-step's gradient eq. 31 at its q (K&G's Theorem 1: the
     gradient of log Z_EP), its curvature kept across rounds; one round per L-BFGS-B iteration. The
-    histories go on with the accepted rounds, as em_ep's."""
+    histories go on with the accepted rounds, as em_ep's; monitor(log_hyp, log_Z_EP, round) after
+    each accepted round, as _em_ep's."""
     bounds = np.array(bounds, dtype=float)
     k = 1 if kernel == "se" else 0                 # the scale of K: log Z_EP of the step is flat along it
     bounds[k] = (h[k], h[k])
@@ -3904,7 +3915,10 @@ def _em_ep_accelerated(h, bounds, kernel, eps, max_iter, tol, e_step, m_grad, cl
     accepted = evaluate(h)          # the E-step at h again (warm, a sweep or two): its q and eq. 31
     if not log_Zs:
         record_e(accepted)
+        if monitor is not None:
+            monitor(accepted["x"], accepted["v"], rounds)
     state["accepted"] = accepted
+    state["rounds"] = rounds
 
     def callback(xk):                                   # a round: the M-step's point, then its E-step
         e = evaluate(xk)
@@ -3914,6 +3928,9 @@ def _em_ep_accelerated(h, bounds, kernel, eps, max_iter, tol, e_step, m_grad, cl
         F_covs.append(float(F_cov_M))
         record_e(e)
         state["accepted"] = e
+        state["rounds"] += 1
+        if monitor is not None:
+            monitor(e["x"], e["v"], state["rounds"])
 
     n_iter, converged = 0, False
     if max_iter > 0 and np.any(bounds[:, 0] < bounds[:, 1]):
@@ -5222,9 +5239,34 @@ class _FitThreads:
 
     def __init__(self):
         self.limits = None
+        self.alarm = None
 
     def __enter__(self):
         return self
+
+    def tick(self, monitor):
+        """monitor.tick() every _PROGRESS_EVERY s for the rest of the fit, by SIGALRM: CPython runs
+        the handler between bytecodes and in numba code at every check_interrupt (PyErr_CheckSignals),
+        so a line comes during a long evaluation too, with no thread (a thread would be starved of
+        the GIL while numba code holds it). Only in the main thread, and only when SIGALRM and the
+        real-time timer are unused (their owner's are left alone)."""
+        import signal
+        import threading
+
+        if (not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread()
+                or signal.getsignal(signal.SIGALRM) is not signal.SIG_DFL
+                or signal.getitimer(signal.ITIMER_REAL) != (0.0, 0.0)):
+            return
+
+        def handler(signum, frame):
+            try:
+                monitor.tick()
+            except Exception:              # a line that cannot be written must not end the fit
+                pass
+
+        signal.signal(signal.SIGALRM, handler)
+        signal.setitimer(signal.ITIMER_REAL, _PROGRESS_EVERY, _PROGRESS_EVERY)
+        self.alarm = True
 
     def limit(self, k):
         from threadpoolctl import threadpool_limits
@@ -5232,43 +5274,92 @@ class _FitThreads:
         self.limits = threadpool_limits(limits=k, user_api="blas")
 
     def __exit__(self, *exc):
+        if self.alarm is not None:
+            import signal
+
+            signal.setitimer(signal.ITIMER_REAL, 0.0)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            self.alarm = None
         if self.limits is not None:
             self.limits.restore_original_limits()
 
 
 class _FitMonitor:
-    """ML-II's progress during GPClassifier.fit: evaluations done, the evidence, time per
-    evaluation, the time left; and the best log_hyp so far, which an interrupt reports."""
+    """ML-II's (or EM-EP's) progress during GPClassifier.fit: evaluations (rounds) done, the
+    evidence, time per evaluation (round), the time left; and the best log_hyp so far, which an
+    interrupt reports. ML-II: a line after the first evaluation, then after an evaluation at
+    most every _PROGRESS_EVERY s; EM-EP (rounds=True): a line after every round."""
 
-    def __init__(self, show, expected, stream=None):
+    def __init__(self, show, expected, stream=None, rounds=False):
         import time
 
         self.clock = time.perf_counter
         self.show, self.expected = show, expected
         self.stream = stream
-        self.start = self.last = self.clock()
+        self.rounds = rounds
+        self.start = self.last = self.event = self.clock()
         self.count = 0
+        self.round = 0
+        self.final = None                 # (n, started) during the approximation at all n
+        self.optimize = True
         self.best_x, self.best_v = None, -np.inf
 
     def say(self, text):
         import sys
 
         print("GPClassifier.fit: " + text, file=self.stream or sys.stderr, flush=True)
+        self.last = self.clock()
 
-    def __call__(self, x, value):
+    def _done_text(self):
+        """'3 ML-II evaluations', '1 EM-EP round': the work finished so far."""
+        k, unit = (self.round, "EM-EP round") if self.rounds else (self.count, "ML-II evaluation")
+        return f"{k} {unit}{'' if k == 1 else 's'}"
+
+    def __call__(self, x, value, k=None):
+        """After an evaluation of the evidence at log_hyp x (ML-II), or after EM-EP's round k
+        (its E-step's log Z_EP; k = 0 the start)."""
         self.count += 1
+        if k is not None:
+            self.round = int(k)
         if value > self.best_v:
             self.best_x, self.best_v = np.array(x, dtype=float), float(value)
-        now = self.clock()
-        if self.show and (now - self.last >= _PROGRESS_EVERY or self.count == 1):
+        now = self.event = self.clock()
+        if self.show and (self.rounds or now - self.last >= _PROGRESS_EVERY or self.count == 1):
             self.last = now
             per = (now - self.start) / self.count
+            unit = "round" if self.rounds else "evaluation"
             if self.expected and self.count < self.expected:
                 left = f", about {_duration(per * (self.expected - self.count))} left"
+            elif self.expected:
+                left = (", beyond the typical count (EM-EP stops at convergence or max_iter)" if self.rounds
+                        else ", beyond the typical count (L-BFGS-B stops at convergence or max_iter)")
             else:
-                left = ", beyond the typical count (L-BFGS-B stops at convergence or max_iter)"
-            self.say(f"ML-II evaluation {self.count} of about {self.expected}: log evidence {value:.4f} "
-                     f"(best {self.best_v:.4f}), {per:.2f} s per evaluation{left}")
+                left = ""
+            of = f" of about {self.expected}" if self.expected else ""
+            if self.rounds:
+                self.say(f"EM-EP round {self.round}{of}: log Z_EP {value:.4f} (best {self.best_v:.4f}), "
+                         f"{per:.2f} s per {unit}{left}")
+            else:
+                self.say(f"ML-II evaluation {self.count}{of}: log evidence {value:.4f} "
+                         f"(best {self.best_v:.4f}), {per:.2f} s per {unit}{left}")
+
+    def tick(self):
+        """A line during a long step (_FitThreads.tick: every _PROGRESS_EVERY s) if none came for
+        _PROGRESS_EVERY s: what is running and for how long."""
+        now = self.clock()
+        if not self.show or now - self.last < 0.9 * _PROGRESS_EVERY:
+            return
+        self.last = now
+        if self.final is not None:
+            n, started = self.final
+            self.say(f"the approximation at all n = {n}: running for {_duration(now - started)}")
+        elif not self.optimize:
+            return
+        elif self.rounds:
+            self.say(f"EM-EP round {self.round + 1 if self.count else 0}: running for "
+                     f"{_duration(now - self.event)}")
+        else:
+            self.say(f"ML-II evaluation {self.count + 1}: running for {_duration(now - self.event)}")
 
     def interrupted(self, where, shape, log_hyp=None):
         """The KeyboardInterrupt that ends an interrupted fit: where it stopped, that the
@@ -5276,15 +5367,17 @@ class _FitMonitor:
         best = log_hyp if log_hyp is not None else self.best_x
         if best is not None and np.size(best) == int(np.prod(shape)):
             best = np.reshape(best, shape)
-        text = (f"GPClassifier.fit interrupted {where} after {self.count} ML-II evaluations "
+        text = (f"GPClassifier.fit interrupted {where} after {self._done_text()} "
                 f"({_duration(self.clock() - self.start)}); the estimator is left unfitted")
         if best is not None:
             told = np.round(best, 6).tolist()
-            text += (f". The best log_hyp so far{'' if log_hyp is not None else f' (log evidence {self.best_v:.4f})'}"
+            what = "log Z_EP" if self.rounds else "log evidence"
+            text += (f". The best log_hyp so far{'' if log_hyp is not None else f' ({what} {self.best_v:.4f})'}"
                      f": {told}. GPClassifier(log_hyp={told}, optimize=False) fits with it, or pass it as "
-                     "log_hyp to start ML-II from it")
+                     f"log_hyp to start {'EM-EP' if self.rounds else 'ML-II'} from it")
         else:
-            text += " (no evaluation of the evidence had finished)"
+            text += (" (no E-step of EM-EP had finished)" if self.rounds
+                     else " (no evaluation of the evidence had finished)")
         e = KeyboardInterrupt(text)
         e.best_log_hyp = best
         return e
@@ -5411,11 +5504,19 @@ class GPClassifier:
         598 s; at n = 2,000, ML-II on 1,000 gave 0.31 nats less and 0.8940
         against 0.8936.
     verbose : None, bool or int
-        Progress on stderr: first the expected time and peak memory, then,
-        during ML-II, a line every 5 s with the evaluations done, the log
-        evidence (and the best), the time per evaluation and the time left.
-        None (default): shown for fits expected to take over 30 s; True (or
-        a positive int): always; False or 0: never.
+        Progress on stderr: first the expected time and peak memory; then,
+        during ML-II, a line after the first evaluation of the evidence and
+        after an evaluation at most every 5 s with the evaluations done, the
+        log evidence (and the best), the time per evaluation and the time
+        left, and while a step runs with no line for 5 s, what runs and for
+        how long (by a SIGALRM timer: in the main thread, when the caller
+        has no SIGALRM handler or timer of its own); during
+        EM-EP a line after every round (round k, its log Z_EP and the best,
+        seconds per round, the time left); a line when the approximation at
+        all n starts (with its expected time) and ends; the total time. Fits
+        too small to be estimated count without "of about". None (default):
+        shown for fits expected to take over 30 s; True (or a positive int):
+        always; False or 0: never.
 
     Large n: before a fit of 1,500 points or more (summed over the latent
     blocks), fit estimates its time and peak memory from a model of this
@@ -5426,9 +5527,9 @@ class GPClassifier:
     two). A fit whose peak memory (4 n x n arrays for Laplace ML-II, 6 for
     EP) exceeds the memory available raises MemoryError before it starts,
     naming n, the estimate, the memory needed and available, and what to do
-    instead (max_ml2_n, or a subset of the rows); an ML-II expected to take
-    over 10 minutes warns (RuntimeWarning) with the estimate and the time
-    max_ml2_n=2000 would take, and one on all n expected to take over 30
+    instead (max_ml2_n, or a subset of the rows); an ML-II (or EM-EP) expected
+    to take over 10 minutes warns (RuntimeWarning) with the estimate and the
+    time max_ml2_n=2000 (EM-EP: 1000) would take, and one on all n expected to take over 30
     minutes is not started when max_ml2_n is left at None: RuntimeError with
     the estimate and what to do instead (max_ml2_n=2000 and its time, or
     max_ml2_n=n to run it on all n anyway, or fixed log_hyp). The fit runs with the BLAS thread count
@@ -5441,8 +5542,9 @@ class GPClassifier:
     operation at most about 2 n 256 1024 flops (0.1-0.5 s at n = 10,000 on
     one core), so that the fit stops within about a second; the O(n^2) loops
     between checks take a fraction of a second at n = 10,000. An interrupted fit leaves the estimator unfitted; the message and the
-    exception's best_log_hyp give the best log_hyp so far, to pass as
-    log_hyp (with optimize=False to fit at once).
+    exception's best_log_hyp give the best log_hyp so far (EM-EP: of the
+    finished round with the best log Z_EP), to pass as log_hyp (with
+    optimize=False to fit at once).
 
     scikit-learn: GPClassifier is a scikit-learn estimator (clone, Pipeline,
     GridSearchCV, cross_val_score, CalibratedClassifierCV, OneVsRestClassifier)
@@ -5724,8 +5826,12 @@ class GPClassifier:
 
             def run(start):
                 if method == "emep":
-                    out = em_ep(X_h, self.classes_[idx_h], start, kernel, self.eps, self.learn_eps,
-                                self.max_iter, self.tol, bounds, discrete=discrete)
+                    token = _emep_monitor.set(monitor)
+                    try:
+                        out = em_ep(X_h, self.classes_[idx_h], start, kernel, self.eps, self.learn_eps,
+                                    self.max_iter, self.tol, bounds, discrete=discrete)
+                    finally:
+                        _emep_monitor.reset(token)
                     return out.log_hyp, out.result.log_Z, out, {}
                 h, v, opt, notes = _ml2_run(X_h, y_h, start, kernel, likelihood, bounds, self.max_iter,
                                             method, self.hyp_prior, discrete, self.eps, None, monitor)
@@ -5742,7 +5848,8 @@ class GPClassifier:
                     if trial[1] > best[1]:
                         best = trial
             except KeyboardInterrupt:
-                raise monitor.interrupted("during ML-II", h0.shape) from None
+                raise monitor.interrupted("during EM-EP" if method == "emep" else "during ML-II",
+                                          h0.shape) from None
             h0, _, out, notes = best
             if method == "emep":
                 emep = out
@@ -5762,14 +5869,18 @@ class GPClassifier:
             res = None                   # EM-EP's sites belong to the subset
         try:
             if res is None:
-                if sub is not None and monitor.show:
+                if monitor.show:
                     est = monitor.estimate
-                    left = (f", expected about {_duration(est['seconds'] - est['seconds_ml2'])}" if est else "")
-                    monitor.say(f"the approximation at all n = {n} with the log_hyp of "
-                                f"{'EM-EP' if method == 'emep' else 'ML-II'} on {len(sub)}: "
-                                f"{np.round(log_hyp, 4).tolist()}{left}")
+                    left = (f": expected about {_duration(est['seconds'] - est['seconds_ml2'])}" if est else "")
+                    found = (f" with the log_hyp of {'EM-EP' if method == 'emep' else 'ML-II'} on {len(sub)}"
+                             if sub is not None else "")
+                    monitor.say(f"fitting at all n = {n}{left}{found}: log_hyp {np.round(log_hyp, 4).tolist()}")
+                    started = monitor.clock()
+                    monitor.final = (n, started)
                 _, _, res, _ = evidence(X, y_t, class_hyp, kernel, likelihood, method, None, False, discrete,
                                         eps)
+                if monitor.show:
+                    monitor.say(f"the approximation at all n = {n} done in {_duration(monitor.clock() - started)}")
             if multiclass and method == "laplace":
                 K = np.stack([kernel_matrix(kernel, X, X, h, discrete) for h in class_hyp])
             else:
@@ -5835,14 +5946,19 @@ class GPClassifier:
         est = _fit_estimate(n, m, blocks, method, bool(self.optimize), runs)
         show = bool(self.verbose) if self.verbose is not None else (
             est is not None and est["seconds"] >= _SLOW_FIT_SECONDS)
-        monitor = _FitMonitor(show, est["evaluations"] if est else None)
+        rounds = method == "emep" and bool(self.optimize)
+        monitor = _FitMonitor(show, (est["evaluations"] // 2 if rounds else est["evaluations"]) if est else None,
+                              rounds=rounds)
         monitor.estimate = est
+        monitor.optimize = bool(self.optimize)
+        if threads is not None and show:
+            threads.tick(monitor)
         if est is None:
             return monitor
         what = ("EM-EP" if method == "emep" else "ML-II") if self.optimize else None
         on = f" on a random subset of {m}" if m < n else " on all n"
         statement = (f"n = {n}, method {method!r}: expected about {_duration(est['seconds'])} on this machine"
-                     + (f" ({what}{on}: about {est['evaluations']} evaluations, "
+                     + (f" ({what}{on}: about {monitor.expected} {'rounds' if rounds else 'evaluations'}, "
                         f"{_duration(est['seconds_ml2'])}; then the approximation at all n)" if what else "")
                      + f", peak memory about {_gib(est['peak_bytes'])}")
         have = _memory_available()
@@ -5870,13 +5986,14 @@ class GPClassifier:
                         + f"; {blas} (measured faster now)")
         if self.optimize and est["seconds_ml2"] >= _LONG_FIT_SECONDS:
             hint = ""
-            if m > 2000 and method != "emep":
-                alt = _fit_estimate(n, 2000, blocks, method, True, runs)
-                hint = (f" max_ml2_n=2000 (ML-II on a random subset of 2000, then the approximation at all "
-                        f"n) is expected to take about {_duration(alt['seconds'])}.")
+            m_alt = 1000 if method == "emep" else 2000      # EM-EP: about 20 rounds of EP and eq. 31
+            if m > m_alt:
+                alt = _fit_estimate(n, m_alt, blocks, method, True, runs)
+                hint = (f" max_ml2_n={m_alt} ({what} on a random subset of {m_alt}, then the approximation "
+                        f"at all n) is expected to take about {_duration(alt['seconds'])}.")
             if self.max_ml2_n is None and est["seconds_ml2"] >= _REFUSE_ML2_SECONDS:
-                raise RuntimeError(f"GPClassifier.fit: {statement}; not started: ML-II on all n would take "
-                                   f"over {_duration(_REFUSE_ML2_SECONDS)}.{hint} To run ML-II on all n "
+                raise RuntimeError(f"GPClassifier.fit: {statement}; not started: {what} on all n would take "
+                                   f"over {_duration(_REFUSE_ML2_SECONDS)}.{hint} To run {what} on all n "
                                    f"anyway, pass max_ml2_n={n}; or give log_hyp with optimize=False")
             warnings.warn(f"GPClassifier.fit: {statement}.{hint} Ctrl-C stops the fit, and its message "
                           "gives the best log_hyp so far", RuntimeWarning, stacklevel=4)

@@ -58,7 +58,7 @@ def test_fit_states_its_estimate_and_progress(slow_machine, capsys):
     err = capsys.readouterr().err
     est = gpclab._fit_estimate(100, 100, (1, 1), "laplace", True, 1)["seconds"]
     assert est == pytest.approx(15 * 6 * 100.0 + 10 * 100.0)   # 2.8 h
-    lines = err.splitlines()
+    lines = [s for s in err.splitlines() if ": running for " not in s]   # but a long step's (a compile)
     assert lines[0].startswith("GPClassifier.fit: n = 100, method 'laplace': expected about 2.8 h on this machine "
                                "(ML-II on all n: about 15 evaluations")
     assert "peak memory about 0.0 GiB" in lines[0]
@@ -71,7 +71,72 @@ def test_no_progress_for_small_fits_unless_asked(capsys):
     gpclab.GPClassifier().fit(X, y)                       # the real machine: 60 points are not estimated
     assert capsys.readouterr().err == ""
     gpclab.GPClassifier(verbose=True).fit(X, y)          # asked: progress at any size
-    assert "ML-II evaluation 1 of about" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    lines = [s for s in err.splitlines() if ": running for " not in s]   # but a long step's (a compile)
+    # no estimate below _ESTIMATE_FROM_N: the lines count without a typical count to compare with
+    assert re.match(r"GPClassifier.fit: ML-II evaluation 1: log evidence -\d+\.\d+ \(best -\d+\.\d+\), "
+                    r"\d+\.\d+ s per evaluation$", lines[0]), lines[0]
+    assert "None" not in err and "of about" not in err and "beyond the typical count" not in err
+    assert lines[-3].startswith("GPClassifier.fit: fitting at all n = 60: log_hyp [")
+    assert lines[-2].startswith("GPClassifier.fit: the approximation at all n = 60 done in")
+    assert lines[-1].startswith("GPClassifier.fit: done in")
+
+
+def test_interrupt_message_counts_in_the_singular_and_plural():
+    for rounds, unit in ((False, "ML-II evaluation"), (True, "EM-EP round")):
+        m = gpclab._FitMonitor(False, None, rounds=rounds)
+        m(np.zeros(2), -3.0, 0 if rounds else None)
+        if rounds:
+            m(np.ones(2), -2.0, 1)           # the E-step at the start, then round 1
+        e = m.interrupted("somewhere", (2,))
+        assert f"after 1 {unit} (" in str(e), str(e)
+        assert e.best_log_hyp.tolist() == ([1.0, 1.0] if rounds else [0.0, 0.0])
+        m(np.full(2, 2.0), -1.0, 2 if rounds else None)
+        assert f"after 2 {unit}s (" in str(m.interrupted("somewhere", (2,)))
+
+
+def test_the_approximation_at_all_n_after_ml2_on_a_subset_is_announced(slow_machine, capsys):
+    """After ML-II on a subset, the fit at all n says when it starts (with its expected time) and
+    when it ends."""
+    X, y = problem(80)
+    with pytest.warns(RuntimeWarning, match="expected about"):
+        gpclab.GPClassifier(max_ml2_n=50, verbose=True).fit(X, y)
+    lines = [s for s in capsys.readouterr().err.splitlines() if ": running for " not in s]
+    est = gpclab._fit_estimate(80, 50, (1, 1), "laplace", True, 1)
+    final = gpclab._duration(est["seconds"] - est["seconds_ml2"])
+    assert final == gpclab._duration(10 * 1e5 * (80 / 1000) ** 3)         # 10 factorisations at n = 80
+    assert lines[-3].startswith(f"GPClassifier.fit: fitting at all n = 80: expected about {final} with the "
+                                f"log_hyp of ML-II on 50: log_hyp [")
+    assert lines[-2].startswith("GPClassifier.fit: the approximation at all n = 80 done in")
+
+
+@pytest.mark.filterwarnings("ignore:GPClassifier.fit. EM-EP did not converge")
+def test_emep_shows_a_line_per_round(slow_machine, capsys):
+    """EM-EP's progress: one line per round (round 0: the E-step at the start) with its log Z_EP,
+    the values of the fit's own history, counted against the typical 20 rounds."""
+    X, y = problem(60)
+    with pytest.warns(RuntimeWarning, match="EM-EP on all n: about 20 rounds"):
+        clf = gpclab.GPClassifier(method="emep", max_iter=4, max_ml2_n=60, verbose=True).fit(X, y)
+    lines = [s for s in capsys.readouterr().err.splitlines() if "EM-EP round" in s and ": running for " not in s]
+    assert len(lines) == clf.n_iter_ + 1 == clf.emep_.log_Z.shape[0]
+    for k, (line, log_Z) in enumerate(zip(lines, clf.emep_.log_Z)):
+        got = re.match(r"GPClassifier.fit: EM-EP round (\d+) of about 20: log Z_EP (-?\d+\.\d+) \(best "
+                       r"(-?\d+\.\d+)\), \d+\.\d+ s per round, about .* left$", line)
+        assert got, line
+        assert int(got[1]) == k
+        assert float(got[2]) == pytest.approx(log_Z, abs=1e-4)
+        assert float(got[3]) == pytest.approx(clf.emep_.log_Z[:k + 1].max(), abs=1e-4)
+
+
+def test_emep_over_half_an_hour_names_max_ml2_n(slow_machine):
+    """EM-EP on all n refused like ML-II, naming EM-EP on a subset of 1,000 and its time."""
+    X, y = problem(1200)
+    alt = gpclab._fit_estimate(1200, 1000, (1, 1), "emep", True, 1)
+    with pytest.raises(RuntimeError, match=r"not started: EM-EP on all n would take over 30 min\. "
+                       r"max_ml2_n=1000 \(EM-EP on a random subset of 1000, then the approximation at all n\) "
+                       rf"is expected to take about {gpclab._duration(alt['seconds'])}\. To run EM-EP on all n "
+                       r"anyway, pass max_ml2_n=1200"):
+        gpclab.GPClassifier(method="emep", verbose=False).fit(X, y)
 
 
 def test_verbose_false_silences_progress_not_the_warning(slow_machine, capsys):
@@ -225,6 +290,86 @@ def test_ctrl_c_stops_a_long_fit_within_a_second():
     assert "optimize=False) fits with it" in lines["MESSAGE"]
 
 
+INTERRUPT_EMEP = r"""
+import signal, sys
+import numpy as np
+import gpclab
+signal.signal(signal.SIGINT, signal.default_int_handler)   # whatever the parent left us
+r = np.random.default_rng(0)
+X = r.standard_normal((600, 2))
+y = np.where(X[:, 0] + 0.5 * r.standard_normal(600) > 0, 1, 0)
+gpclab.GPClassifier(method="emep", max_iter=2).fit(X[:50], y[:50])     # compiled before the clock starts
+gpclab.GPClassifier(method="ep", kernel="kg", likelihood="step", optimize=False).fit(X[:50], y[:50])
+clf = gpclab.GPClassifier(method="emep", n_restarts=10 ** 6, verbose=True)   # runs for ever unless interrupted
+print("START", flush=True)
+try:
+    clf.fit(X, y)
+    print("RETURNED", flush=True)
+except KeyboardInterrupt as e:
+    print("INTERRUPTED", flush=True)
+    print("FITTED", hasattr(clf, "log_hyp_"))
+    print("BEST", np.asarray(e.best_log_hyp).shape)
+    print("MESSAGE", e, flush=True)
+    ep = gpclab.GPClassifier(method="ep", kernel="kg", likelihood="step", log_hyp=e.best_log_hyp,
+                             optimize=False, verbose=False).fit(X, y)
+    print("LOGZ", repr(ep.log_marginal_likelihood_), flush=True)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT is POSIX")
+def test_ctrl_c_stops_emep_with_its_last_round():
+    """SIGINT 2 s into an EM-EP fit that would run for ever: KeyboardInterrupt within 1 s, in EM-EP
+    rounds, its best_log_hyp a log_hyp whose E-step finished: EP from scratch there gives the log
+    Z_EP the message states, which is the best of the round lines printed before."""
+    import threading
+
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPT_EMEP], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    seen, rounds = {}, []
+
+    def read():
+        for line in proc.stdout:
+            seen.setdefault(line.split(" ", 1)[0].strip(), (time.perf_counter(), line.strip()))
+
+    def read_err():
+        for line in proc.stderr:
+            got = re.match(r"GPClassifier.fit: EM-EP round \d+: log Z_EP (-?\d+\.\d+) \(best (-?\d+\.\d+)\)",
+                           line)
+            if got:
+                rounds.append((float(got[1]), float(got[2])))
+
+    readers = [threading.Thread(target=f, daemon=True) for f in (read, read_err)]
+    for t in readers:
+        t.start()
+    try:
+        deadline = time.perf_counter() + 900
+        while "START" not in seen and proc.poll() is None and time.perf_counter() < deadline:
+            time.sleep(0.05)
+        assert "START" in seen, "the fit did not start"
+        time.sleep(2.0)
+        sent = time.perf_counter()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=300)
+        for t in readers:
+            t.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "INTERRUPTED" in seen, seen
+    assert seen["INTERRUPTED"][0] - sent < 1.0
+    lines = {k: v[1].split(" ", 1)[-1] for k, v in seen.items()}
+    assert lines["FITTED"] == "False"
+    assert lines["BEST"] == "(5,)"                              # kg with 2 inputs: t0, 2 eta, t1, t2
+    message = lines["MESSAGE"]
+    assert re.match(r"GPClassifier.fit interrupted during EM-EP after \d+ EM-EP rounds? \(", message), message
+    assert "ML-II" not in message
+    stated = float(re.search(r"The best log_hyp so far \(log Z_EP (-?\d+\.\d+)\)", message)[1])
+    assert rounds, "no EM-EP round line"
+    assert stated == max(v for v, _ in rounds) == rounds[-1][1]
+    assert float(lines["LOGZ"]) == pytest.approx(stated, abs=2e-4)
+
+
 @pytest.mark.parametrize("n, nb", [(1, 4), (50, 7), (61, 16), (64, 16), (130, 32)])
 def test_blocked_factorisations_match_lapack(n, nb):
     """_cholesky_blocked and _potri_blocked (used above _BLOCKED_N, Ctrl-C between blocks) give
@@ -302,6 +447,53 @@ def test_blocked_factorisations_see_a_signal_between_blocks(which):
         signal.signal(signal.SIGALRM, old)
         limits.restore_original_limits()
     assert stopped < full / 5 + 0.3 * full, (stopped, full)
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="SIGALRM is POSIX")
+def test_progress_lines_come_during_a_long_step_too(monkeypatch):
+    """During one long step in numba code (a blocked factorisation), progress lines still come every
+    _PROGRESS_EVERY s (SIGALRM, whose handler numba's check_interrupt runs); the fit's end gives
+    SIGALRM and the timer back; a SIGALRM handler of the caller's is left alone."""
+    import io
+
+    n, nb = 1200, 8
+    r = np.random.default_rng(0)
+    G = r.standard_normal((n, n))
+    B = G @ G.T / n + np.eye(n)
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        gpclab._cholesky_blocked(B.copy(), nb)                 # compiled
+        t = time.perf_counter()
+        gpclab._cholesky_blocked(B.copy(), nb)
+        full = time.perf_counter() - t
+        monkeypatch.setattr(gpclab, "_PROGRESS_EVERY", full / 10)
+        out = io.StringIO()
+        m = gpclab._FitMonitor(True, None, stream=out)
+        m(np.zeros(2), -1.0)                                    # the line of evaluation 1
+        with gpclab._FitThreads() as threads:
+            threads.tick(m)
+            assert signal.getsignal(signal.SIGALRM) is not signal.SIG_DFL
+            gpclab._cholesky_blocked(B.copy(), nb)              # one step in numba, about 10 periods
+        assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("GPClassifier.fit: ML-II evaluation 1: log evidence -1.0000")
+    ticks = lines[1:]
+    assert len(ticks) >= 3, (lines, full)
+    assert all(re.fullmatch(r"GPClassifier.fit: ML-II evaluation 2: running for \d+ s", t) for t in ticks), ticks
+
+    def mine(signum, frame):
+        pass
+
+    old = signal.signal(signal.SIGALRM, mine)
+    try:
+        with gpclab._FitThreads() as threads:
+            threads.tick(m)
+            assert signal.getsignal(signal.SIGALRM) is mine
+        assert signal.getsignal(signal.SIGALRM) is mine
+    finally:
+        signal.signal(signal.SIGALRM, old)
 
 
 @pytest.mark.filterwarnings("ignore:GPClassifier.fit. EM-EP did not converge")
