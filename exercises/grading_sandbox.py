@@ -1010,13 +1010,16 @@ def _dict_slots(slots, prefix, what, d, put_owner=None, names=None):
         slots.add(prefix + k, what.format(name=k), lambda d=d, k=k: d.get(k, _MISSING), put)
 
 
-def _object_slots(slots, label, obj):
-    """The methods of obj's classes and obj's own attributes that would shadow them."""
+def _object_slots(slots, label, obj, prefix="", done=None):
+    """The methods of obj's classes and obj's own attributes that would shadow them (a class in
+    `done`, a set, is not taken again)."""
     for cls in type(obj).__mro__:
-        if cls is object or cls.__module__ == "builtins":
+        if cls is object or cls.__module__ == "builtins" or (done is not None and cls in done):
             continue
+        if done is not None:
+            done.add(cls)
         names = [k for k, v in vars(cls).items() if callable(v) or isinstance(v, (staticmethod, classmethod, property))]
-        _dict_slots(slots, f"cls:{cls.__module__}.{cls.__qualname__}.", f"IPython's {label}.{{name}}", vars(cls),
+        _dict_slots(slots, f"{prefix}cls:{cls.__module__}.{cls.__qualname__}.", f"IPython's {label}.{{name}}", vars(cls),
                     put_owner=cls, names=names)
     own = getattr(obj, "__dict__", {})
     methods = {k for cls in type(obj).__mro__ for k, v in vars(cls).items() if callable(v)}
@@ -1028,7 +1031,7 @@ def _object_slots(slots, label, obj):
                 vars(o).pop(k, None)
             else:
                 vars(o)[k] = v
-        slots.add(f"own:{label}.{k}", f"IPython's {label}.{k}", lambda o=own, k=k: o.get(k, _MISSING), put)
+        slots.add(f"{prefix}own:{label}.{k}", f"IPython's {label}.{k}", lambda o=own, k=k: o.get(k, _MISSING), put)
 
 
 def _baseline(prefixes):
@@ -1070,6 +1073,22 @@ def _baseline(prefixes):
     kernel = getattr(ip, "kernel", None)
     if kernel is not None and isinstance(getattr(kernel, "shell_handlers", None), dict):
         _dict_slots(slots, "handler:", "the kernel's {name} handler", kernel.shell_handlers)
+    # how the kernel sends its messages (a test's error, its output, the reply's status): the
+    # kernel's session (jupyter_client's Session), its iopub socket and thread, the display
+    # publisher, the display hook and the output streams (ipykernel's OutStream): their classes'
+    # methods, their own attributes that would shadow them, and which objects they use
+    done = set()
+    io = [(getattr(kernel, n, None), n) for n in ("session", "iopub_socket", "iopub_thread")] if kernel is not None else []
+    io += [(getattr(ip, "display_pub", None), "display_pub"), (getattr(ip, "displayhook", None), "displayhook"),
+           (_sys.stdout, "stdout"), (_sys.stderr, "stderr")]
+    for obj, label in io:
+        if obj is None:
+            continue
+        _object_slots(slots, label, obj, prefix="io:", done=done)
+        for attr in ("session", "pub_socket", "pub_thread", "iopub_socket", "iopub_thread", "socket", "pack",
+                     "unpack", "topic"):
+            if attr in getattr(obj, "__dict__", {}) or hasattr(type(obj), attr):
+                _attr_slot(slots, f"io:attr:{label}.{attr}", f"the kernel's {label}.{attr}", obj, attr)
     guarded = sorted(n for n, m in list(_sys.modules.items())
                      if isinstance(m, _types.ModuleType) and any(n == p or n.startswith(p + ".") for p in prefixes))
     for n in guarded:
@@ -1381,10 +1400,13 @@ TAMPER_PHRASES = {
     "ns:__builtins__": "a built-in function", "module:": "a library module", "attr:": "a library function",
     "code:": "a library function", "shell:": "IPython's shell", "cls:": "IPython's shell", "own:": "IPython's shell",
     "handler:": "IPython's shell", "sys:": "sys.stdout, sys.stderr or sys's hooks",
+    "io:": "how the kernel sends its messages",
 }
 # modules whose functions are put back before each test cell (with their submodules, those imported
 # by the setup cells)
-GUARDED_MODULES = ("numpy", "scipy", "math", "cmath", "operator", "functools", "statistics", "gpclab", "sklearn")
+GUARDED_MODULES = ("numpy", "scipy", "math", "cmath", "operator", "functools", "statistics", "gpclab", "sklearn",
+                   "jupyter_client.session", "ipykernel.iostream", "ipykernel.zmqshell", "ipykernel.displayhook",
+                   "ipykernel.jsonutil")
 
 
 def _phrase(key):

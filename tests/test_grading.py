@@ -1156,3 +1156,35 @@ def test_symlinks_handed_in_reach_neither_autograded_nor_the_sandbox(tmp_path):
             assert secret not in text, secret
     for text in (printed, html):
         assert "BEGIN HIDDEN TESTS" not in text and "misses a hidden case" not in text
+
+
+# an answer cell that rewrites the kernel's messages (jupyter_client's Session.send): a test's error
+# becomes a line of stdout holding the grader's marker (read from the cell's code) and the reply's
+# status "ok"; every answer is wrong
+SESSION_SEND = ("import re\nimport jupyter_client.session as _js\n_send0 = _js.Session.send\n"
+                "def _send(self, stream, msg_or_type, content=None, parent=None, *a, **k):\n"
+                "    kind = msg_or_type if isinstance(msg_or_type, str) else msg_or_type.get('header', {}).get('msg_type')\n"
+                "    code = (get_ipython().kernel.get_parent() or {}).get('content', {}).get('code', '')\n"
+                "    marks = re.findall(r\"grader-[0-9a-f]+\", code or '')\n"
+                "    if kind == 'error' and marks:\n"
+                "        return _send0(self, stream, 'stream', {'name': 'stdout', 'text': marks[-1] + '\\n'}, parent, *a, **k)\n"
+                "    if kind == 'execute_reply' and isinstance(content, dict) and content.get('status') == 'error':\n"
+                "        content = {'status': 'ok', 'execution_count': content.get('execution_count'),\n"
+                "                   'user_expressions': {}, 'payload': []}\n"
+                "    return _send0(self, stream, msg_or_type, content, parent, *a, **k)\n"
+                "_js.Session.send = _send\n"
+                "def add(a, b):\n    return 0")
+
+
+def test_rewritten_kernel_messages_do_not_pass(tmp_path):
+    """Session.send replaced in an answer cell (every answer wrong): without the guard of the
+    kernel's session, its display publisher and output streams this scored 3 of 3; now 0 on every
+    part. A correct submission with magics beside it keeps full marks."""
+    course = str(tmp_path / "course")
+    env = T.make_course(course)
+    T.submit(course, "mallory", {"partA_answer": SESSION_SEND, "partB_answer": WRONG_B, "partC_answer": WRONG_C})
+    T.submit(course, "legit", HOSTILE["legit_magics"])
+    out = _grade(course, env, "toy", "-j", "1", "--", *LIMITS)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert T.grades(course, "mallory") == {"partA_works": 0, "partB_works": 0, "partC_works": 0}, out.stdout
+    assert T.grades(course, "legit") == {"partA_works": 1, "partB_works": 1, "partC_works": 1}, out.stdout
