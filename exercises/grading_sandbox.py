@@ -1081,6 +1081,9 @@ def _baseline(prefixes):
     io = [(getattr(kernel, n, None), n) for n in ("session", "iopub_socket", "iopub_thread")] if kernel is not None else []
     io += [(getattr(ip, "display_pub", None), "display_pub"), (getattr(ip, "displayhook", None), "displayhook"),
            (_sys.stdout, "stdout"), (_sys.stderr, "stderr")]
+    if kernel is not None:    # the zmq sockets below them (pyzmq's Python classes; its C types cannot be changed)
+        io += [(getattr(kernel, n, None), n) for n in ("shell_stream", "shell_socket", "control_stream")]
+        io.append((getattr(getattr(kernel, "iopub_thread", None), "socket", None), "iopub_thread.socket"))
     for obj, label in io:
         if obj is None:
             continue
