@@ -41,6 +41,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import statistics
 import sys
 import threading
@@ -184,6 +185,9 @@ def _grade_one(course, assignment, student, nbgrader_args):
                 elif out.get("output_type") == "error" and out.get("ename") == TAMPERED:
                     gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") or "(cell)"
                     tampered.append(f"{gid}: {out.get('evalue', '')}")
+    # symbolic links and special files handed in, which autograde did not copy (grading_sandbox)
+    sandbox = sys.modules.get("grading_sandbox")
+    links = sandbox.unsafe_entries(os.path.join(course, "submitted", student, assignment)) if sandbox else []
     graded = code == 0 and _has_notebooks(course, assignment, student)
     record = _record_path(course, assignment, student)
     if graded:
@@ -193,7 +197,7 @@ def _grade_one(course, assignment, student, nbgrader_args):
     elif os.path.exists(record):
         os.remove(record)
     return dict(assignment=assignment, student=student, ok=graded, seconds=time.perf_counter() - t0,
-                stopped=stopped, tampered=tampered, log=log_path, worker_start=setup, pid=os.getpid(), bounds=bounds)
+                stopped=stopped, tampered=tampered, links=links, log=log_path, worker_start=setup, pid=os.getpid(), bounds=bounds)
 
 
 # ---- in the parent ------------------------------------------------------------------------------
@@ -207,7 +211,7 @@ def _record_path(course, assignment, student):
 
 def _fingerprint(course, assignment, student):
     """The submission as it is now: its timestamp.txt and a hash of every file in it (names and
-    contents, not modification times)."""
+    contents, not modification times; a symbolic link by its target, never followed)."""
     sub = os.path.join(course, "submitted", student, assignment)
     digest = hashlib.sha256()
     for base, dirs, files in os.walk(sub):
@@ -215,8 +219,14 @@ def _fingerprint(course, assignment, student):
         for name in sorted(files):
             path = os.path.join(base, name)
             digest.update(os.path.relpath(path, sub).encode() + b"\0")
-            with open(path, "rb") as fh:
-                digest.update(hashlib.sha256(fh.read()).digest())
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode):       # a link by where it points (never followed, never graded)
+                digest.update(b"link\0" + os.fsencode(os.readlink(path)))
+            elif not stat.S_ISREG(mode):  # a named pipe or device: by its kind (reading one blocks)
+                digest.update(b"special\0" + str(stat.S_IFMT(mode)).encode())
+            else:
+                with open(path, "rb") as fh:
+                    digest.update(hashlib.sha256(fh.read()).digest())
     timestamp = None
     with contextlib.suppress(OSError), open(os.path.join(sub, "timestamp.txt")) as fh:
         timestamp = fh.read().strip()
@@ -368,6 +378,10 @@ def summary(results, wall, out=sys.stdout):
         print(f"  tampered {r['assignment']} {r['student']} (its tests score 0 where this was found):", file=out)
         for line in r["tampered"]:
             print(f"           {line}", file=out)
+    for r in results:
+        if r.get("links"):
+            print(f"  symlinks refused: {r['assignment']} {r['student']} (not copied, not graded): "
+                  f"{', '.join(r['links'])}", file=out)
     for r in failed:
         print(f"  FAILED   {r['assignment']} {r['student']}: see {r['log']}", file=out)
 

@@ -91,6 +91,7 @@ import re
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -138,22 +139,28 @@ if spec.get("work"):
 os.execv(cmd[0], cmd)
 """
 # Run inside the sandbox before the kernel (python -I -S -c _INNER SPEC CMD...): copies the files
-# handed in (bound read-only at SUBMISSION) into the working folder, a size-capped tmpfs, sets the
+# handed in (regular files and folders only, following no symbolic link) (bound read-only at SUBMISSION) into the working folder, a size-capped tmpfs, sets the
 # limits that must be counted inside the sandbox (RLIMIT_NPROC in the fallback, as an unprivileged
 # user when the grader is root), becomes the kernel.
 _INNER = """\
 import json, os, resource, shutil, sys
 spec, cmd = json.loads(sys.argv[1]), sys.argv[2:]
-src = spec["copy_from"]
-for name in sorted(os.listdir(src)):
-    path = os.path.join(src, name)
-    try:
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.copytree(path, name, symlinks=True)
-        else:
-            shutil.copy2(path, name, follow_symlinks=False)
-    except OSError as exc:
-        print(f"grading sandbox: {name} was not copied into the working folder: {exc}", file=sys.stderr)
+def copy_regular(src, dst):
+    # regular files and folders only, no link followed: a symbolic link, FIFO or device is left out
+    for entry in sorted(os.scandir(src), key=lambda e: e.name):
+        target = os.path.join(dst, entry.name)
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                os.mkdir(target)
+                copy_regular(entry.path, target)
+            elif entry.is_file(follow_symlinks=False):
+                shutil.copy2(entry.path, target, follow_symlinks=False)
+            else:
+                print(f"grading sandbox: {target} was not copied into the working folder: not a regular file",
+                      file=sys.stderr)
+        except OSError as exc:
+            print(f"grading sandbox: {target} was not copied into the working folder: {exc}", file=sys.stderr)
+copy_regular(spec["copy_from"], ".")
 uid = spec.get("uid")
 if uid is not None:
     # the fallback of a root grader: the kernel becomes an unprivileged user (root is exempt from
@@ -1031,13 +1038,16 @@ def _dict_slots(slots, prefix, what, d, put_owner=None, names=None):
         slots.add(prefix + k, what.format(name=k), lambda d=d, k=k: d.get(k, _MISSING), put)
 
 
-def _object_slots(slots, label, obj):
-    """The methods of obj's classes and obj's own attributes that would shadow them."""
+def _object_slots(slots, label, obj, prefix="", done=None):
+    """The methods of obj's classes and obj's own attributes that would shadow them (a class in
+    `done`, a set, is not taken again)."""
     for cls in type(obj).__mro__:
-        if cls is object or cls.__module__ == "builtins":
+        if cls is object or cls.__module__ == "builtins" or (done is not None and cls in done):
             continue
+        if done is not None:
+            done.add(cls)
         names = [k for k, v in vars(cls).items() if callable(v) or isinstance(v, (staticmethod, classmethod, property))]
-        _dict_slots(slots, f"cls:{cls.__module__}.{cls.__qualname__}.", f"IPython's {label}.{{name}}", vars(cls),
+        _dict_slots(slots, f"{prefix}cls:{cls.__module__}.{cls.__qualname__}.", f"IPython's {label}.{{name}}", vars(cls),
                     put_owner=cls, names=names)
     own = getattr(obj, "__dict__", {})
     methods = {k for cls in type(obj).__mro__ for k, v in vars(cls).items() if callable(v)}
@@ -1049,7 +1059,7 @@ def _object_slots(slots, label, obj):
                 vars(o).pop(k, None)
             else:
                 vars(o)[k] = v
-        slots.add(f"own:{label}.{k}", f"IPython's {label}.{k}", lambda o=own, k=k: o.get(k, _MISSING), put)
+        slots.add(f"{prefix}own:{label}.{k}", f"IPython's {label}.{k}", lambda o=own, k=k: o.get(k, _MISSING), put)
 
 
 def _baseline(prefixes):
@@ -1091,6 +1101,25 @@ def _baseline(prefixes):
     kernel = getattr(ip, "kernel", None)
     if kernel is not None and isinstance(getattr(kernel, "shell_handlers", None), dict):
         _dict_slots(slots, "handler:", "the kernel's {name} handler", kernel.shell_handlers)
+    # how the kernel sends its messages (a test's error, its output, the reply's status): the
+    # kernel's session (jupyter_client's Session), its iopub socket and thread, the display
+    # publisher, the display hook and the output streams (ipykernel's OutStream): their classes'
+    # methods, their own attributes that would shadow them, and which objects they use
+    done = set()
+    io = [(getattr(kernel, n, None), n) for n in ("session", "iopub_socket", "iopub_thread")] if kernel is not None else []
+    io += [(getattr(ip, "display_pub", None), "display_pub"), (getattr(ip, "displayhook", None), "displayhook"),
+           (_sys.stdout, "stdout"), (_sys.stderr, "stderr")]
+    if kernel is not None:    # the zmq sockets below them (pyzmq's Python classes; its C types cannot be changed)
+        io += [(getattr(kernel, n, None), n) for n in ("shell_stream", "shell_socket", "control_stream")]
+        io.append((getattr(getattr(kernel, "iopub_thread", None), "socket", None), "iopub_thread.socket"))
+    for obj, label in io:
+        if obj is None:
+            continue
+        _object_slots(slots, label, obj, prefix="io:", done=done)
+        for attr in ("session", "pub_socket", "pub_thread", "iopub_socket", "iopub_thread", "socket", "pack",
+                     "unpack", "topic"):
+            if attr in getattr(obj, "__dict__", {}) or hasattr(type(obj), attr):
+                _attr_slot(slots, f"io:attr:{label}.{attr}", f"the kernel's {label}.{attr}", obj, attr)
     guarded = sorted(n for n, m in list(_sys.modules.items())
                      if isinstance(m, _types.ModuleType) and any(n == p or n.startswith(p + ".") for p in prefixes))
     for n in guarded:
@@ -1402,10 +1431,13 @@ TAMPER_PHRASES = {
     "ns:__builtins__": "a built-in function", "module:": "a library module", "attr:": "a library function",
     "code:": "a library function", "shell:": "IPython's shell", "cls:": "IPython's shell", "own:": "IPython's shell",
     "handler:": "IPython's shell", "sys:": "sys.stdout, sys.stderr or sys's hooks",
+    "io:": "how the kernel sends its messages",
 }
 # modules whose functions are put back before each test cell (with their submodules, those imported
 # by the setup cells)
-GUARDED_MODULES = ("numpy", "scipy", "math", "cmath", "operator", "functools", "statistics", "gpclab", "sklearn")
+GUARDED_MODULES = ("numpy", "scipy", "math", "cmath", "operator", "functools", "statistics", "gpclab", "sklearn",
+                   "jupyter_client.session", "ipykernel.iostream", "ipykernel.zmqshell", "ipykernel.displayhook",
+                   "ipykernel.jsonutil")
 
 
 def _phrase(key):
@@ -1494,6 +1526,63 @@ def feedback_without_files():
                       " and ".join(RELEASE_FEEDBACK_FILES))
 
     GenerateFeedback.init_assignment = init_assignment
+
+
+def unsafe_entries(folder):
+    """The paths (relative to `folder`, sorted) of what in `folder` is neither a regular file nor a
+    folder: symbolic links (a linked folder is not entered), named pipes, sockets, devices. A
+    submission holding a link to the course's source notebook or gradebook would otherwise hand
+    the link's target to autograde and to the student's kernel."""
+    found = []
+    for base, dirs, files in os.walk(folder):          # follows no link
+        for name in dirs + files:
+            path = os.path.join(base, name)
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:
+                continue
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                found.append(os.path.relpath(path, folder))
+    return sorted(found)
+
+
+REFUSED_LINKS = "symlinks refused"
+
+
+def autograde_without_links():
+    """Make `nbgrader autograde` copy into autograded/ only the regular files of a submission: a
+    symbolic link (or anything in a linked folder), a named pipe or a device in submitted/ is not
+    copied (nbgrader's copy follows links and would copy their targets) and a notebook that is a
+    link is not graded (it counts as missing); the warning names them ("symlinks refused: ...")."""
+    from nbgrader.converters import Autograde
+    from nbgrader.converters.base import BaseConverter
+    if getattr(BaseConverter.init_assignment, "_without_links", False):
+        return
+    base_init = BaseConverter.init_assignment
+
+    def init_assignment(self, assignment_id, student_id):
+        if not isinstance(self, Autograde):
+            return base_init(self, assignment_id, student_id)
+        source = self._format_source(assignment_id, student_id)
+        dest = self._format_dest(assignment_id, student_id)
+        refused = unsafe_entries(source)
+        if refused:
+            self.log.warning("%s of %s: %s: %s (symbolic links and special files are not copied or graded)",
+                             assignment_id, student_id, REFUSED_LINKS, ", ".join(refused))
+        bad = {os.path.normpath(os.path.join(source, r)) for r in refused}
+        self.notebooks = [nb for nb in self.notebooks if os.path.normpath(nb) not in bad]
+        for filename in utils.find_all_files(source, self.coursedir.ignore + ["*.ipynb"]):
+            if os.path.normpath(filename) in bad or not stat.S_ISREG(os.lstat(filename).st_mode):
+                continue
+            path = os.path.join(dest, os.path.relpath(filename, source))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            if os.path.lexists(path):
+                os.remove(path)
+            self.log.info("Copying %s -> %s", filename, path)
+            shutil.copy(filename, path, follow_symlinks=False)
+
+    init_assignment._without_links = True
+    BaseConverter.init_assignment = init_assignment
 
 
 def _error(ename, evalue):

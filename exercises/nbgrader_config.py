@@ -15,7 +15,8 @@ from nbgrader.preprocessors import (CheckCellMetadata, ClearHiddenTests, ClearOu
                                     Execute, GetGrades, OverwriteCells, OverwriteKernelspec)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from grading_sandbox import InertCells, SandboxedExecute, SealedFeedback, feedback_without_files  # noqa: E402  (next to this file)
+from grading_sandbox import (InertCells, SandboxedExecute, SealedFeedback, autograde_without_links,  # noqa: E402
+                             feedback_without_files)  # (next to this file)
 
 c = get_config()  # noqa: F821  (provided by nbgrader)
 
@@ -66,6 +67,11 @@ class RestoreHiddenTestsQuietly(OverwriteCells):
                     cell.source = source.source
         return super().preprocess_cell(cell, resources, cell_index)
 
+
+# Autograde copies into autograded/ (and so into the sandbox) only the regular files of a submission:
+# symbolic links (to the source notebook, the gradebook, another student's folder), files in linked
+# folders and special files are left out, with a warning naming them ("symlinks refused: ...").
+autograde_without_links()
 
 c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, OverwriteKernelspec,
                                       RestoreHiddenTestsQuietly, CheckCellMetadata, InertCells]

@@ -1099,3 +1099,93 @@ def test_marker_is_the_last_statement_and_keeps_the_cells_result():
     assert S.take_marker(cell, "M9") and [o.text for o in cell.outputs] == ["ok\n"]
     cell = new_code_cell("x", outputs=[new_output("stream", name="stdout", text="ok\n")])
     assert not S.take_marker(cell, "M9")
+
+
+# ---- symbolic links handed in ---------------------------------------------------------------------
+LINK_PROBE = '''import os
+def show(folder, depth=0):
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        print("ENTRY", path)
+        if os.path.isdir(path) and depth < 3:
+            show(path, depth + 1)
+        elif not name.endswith(".ipynb"):
+            try:
+                with open(path, "rb") as fh:
+                    print("CONTENT", path, fh.read(4000))
+            except OSError as exc:
+                print("UNREADABLE", path, exc)
+show(".")
+def add(a, b):
+    return a + b'''
+
+
+def test_symlinks_handed_in_reach_neither_autograded_nor_the_sandbox(tmp_path):
+    """A submission holding symbolic links to the course's source notebook (hidden tests and
+    solutions), to gradebook.db and to an instructor's folder, and a named pipe: autograde copies
+    none of them (nbgrader's copy would copy the targets), the kernel, listing its folder and
+    printing every file in a cell before the first hidden test, sees only the notebook, the
+    feedback holds nothing of them, the correct parts keep full marks and grade.py names them."""
+    course = str(tmp_path / "course")
+    env = T.make_course(course)
+    private = tmp_path / "instructor_private"
+    private.mkdir()
+    (private / "secret.txt").write_text("PRIVATE-MARKER-4711")
+    T.submit(course, "mallory", {"partA_answer": LINK_PROBE})
+    sub = os.path.join(course, "submitted", "mallory", T.A)
+    T.nbgrader(course, env, "db", "student", "add", "mallory")
+    os.symlink(os.path.join(course, "source", T.A, f"{T.A}.ipynb"), os.path.join(sub, "notes.txt"))
+    os.symlink(os.path.join(course, "gradebook.db"), os.path.join(sub, "gb.txt"))
+    os.symlink(str(private), os.path.join(sub, "data"))
+    os.mkfifo(os.path.join(sub, "pipe"))
+    out = _grade(course, env, "toy", "-j", "1", "--", *LIMITS)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "symlinks refused: toy mallory" in out.stdout and "notes.txt" in out.stdout, out.stdout
+    assert T.grades(course, "mallory") == {"partA_works": 1, "partB_works": 1, "partC_works": 1}
+    printed = T.outputs(course, "mallory", "partA_answer")
+    entries = re.findall(r"ENTRY (\S+?)\\n", printed)
+    assert entries == ["./toy.ipynb"], printed          # the kernel's folder: the notebook only
+    autograded = os.path.join(course, "autograded", "mallory", T.A)
+    assert sorted(os.listdir(autograded)) == [f"{T.A}.ipynb"]
+    fb = T.nbgrader(course, env, "generate_feedback", "toy")
+    html = _html_text(os.path.join(course, "feedback", "mallory", T.A, f"{T.A}.html"))
+    assert "ENTRY ./toy.ipynb" in html, fb.stdout + fb.stderr        # the probe's output is there
+    with open(os.path.join(autograded, f"{T.A}.ipynb")) as fh:
+        nb = fh.read()
+    for text in (printed, html, nb):
+        for secret in ("PRIVATE-MARKER-4711", "SQLite format", "BEGIN SOLUTION"):
+            assert secret not in text, secret
+    for text in (printed, html):
+        assert "BEGIN HIDDEN TESTS" not in text and "misses a hidden case" not in text
+
+
+# an answer cell that rewrites the kernel's messages (jupyter_client's Session.send): a test's error
+# becomes a line of stdout holding the grader's marker (read from the cell's code) and the reply's
+# status "ok"; every answer is wrong
+SESSION_SEND = ("import re\nimport jupyter_client.session as _js\n_send0 = _js.Session.send\n"
+                "def _send(self, stream, msg_or_type, content=None, parent=None, *a, **k):\n"
+                "    kind = msg_or_type if isinstance(msg_or_type, str) else msg_or_type.get('header', {}).get('msg_type')\n"
+                "    code = (get_ipython().kernel.get_parent() or {}).get('content', {}).get('code', '')\n"
+                "    marks = re.findall(r\"grader-[0-9a-f]+\", code or '')\n"
+                "    if kind == 'error' and marks:\n"
+                "        return _send0(self, stream, 'stream', {'name': 'stdout', 'text': marks[-1] + '\\n'}, parent, *a, **k)\n"
+                "    if kind == 'execute_reply' and isinstance(content, dict) and content.get('status') == 'error':\n"
+                "        content = {'status': 'ok', 'execution_count': content.get('execution_count'),\n"
+                "                   'user_expressions': {}, 'payload': []}\n"
+                "    return _send0(self, stream, msg_or_type, content, parent, *a, **k)\n"
+                "_js.Session.send = _send\n"
+                "def add(a, b):\n    return 0")
+
+
+def test_rewritten_kernel_messages_do_not_pass(tmp_path):
+    """Session.send replaced in an answer cell (every answer wrong): without the guard of the
+    kernel's session, its display publisher and output streams this scored 3 of 3; now 0 on every
+    part. A correct submission with magics beside it keeps full marks."""
+    course = str(tmp_path / "course")
+    env = T.make_course(course)
+    T.submit(course, "mallory", {"partA_answer": SESSION_SEND, "partB_answer": WRONG_B, "partC_answer": WRONG_C})
+    T.submit(course, "legit", HOSTILE["legit_magics"])
+    out = _grade(course, env, "toy", "-j", "1", "--", *LIMITS)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert T.grades(course, "mallory") == {"partA_works": 0, "partB_works": 0, "partC_works": 0}, out.stdout
+    assert T.grades(course, "legit") == {"partA_works": 1, "partB_works": 1, "partC_works": 1}, out.stdout

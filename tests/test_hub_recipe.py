@@ -161,6 +161,47 @@ def test_collect_skips_a_submission_with_a_fifo_and_collects_the_rest(tmp_path):
     assert os.path.isdir(good)
 
 
+def test_symlinks_in_a_submission_are_refused(tmp_path):
+    """Links made by hand in the inbound folder (to the course's source notebook, its gradebook, a
+    folder) refuse the submission: nbgrader's copy would copy their targets."""
+    for name, target in (("notes.txt", "/course/source/ex1/ex1.ipynb"), ("gb.txt", "/course/gradebook.db"),
+                         ("data", "/srv/instructor")):
+        d = _submission(str(tmp_path / name), "root", "ex1")
+        os.symlink(target, os.path.join(d, name))
+        assert checked_exchange.refusal_reason(d, "root") == f"{name} is a symbolic link"
+
+
+def test_collect_copy_follows_no_link(tmp_path):
+    """The checked collect's copy of an accepted submission (a link or a named pipe swapped in after
+    the check): regular files and folders are copied with their times, links and the pipe are left
+    out and nothing of their targets arrives."""
+    pytest.importorskip("nbgrader")
+    from nbgrader.auth import Authenticator
+    from nbgrader.coursedir import CourseDirectory
+
+    secret = tmp_path / "instructor"
+    secret.mkdir()
+    (secret / "key.txt").write_text("PRIVATE-MARKER-4711")
+    src = _submission(str(tmp_path / "inbound"), "root", "ex1")
+    os.makedirs(os.path.join(src, "sub"))
+    with open(os.path.join(src, "sub", "b.txt"), "w") as fh:
+        fh.write("kept")
+    os.utime(os.path.join(src, "a.ipynb"), (1_000_000_000, 1_000_000_000))
+    os.symlink(str(secret / "key.txt"), os.path.join(src, "notes.txt"))
+    os.symlink(str(secret), os.path.join(src, "data"))
+    os.symlink(str(secret / "key.txt"), os.path.join(src, "sub", "x.txt"))
+    os.mkfifo(os.path.join(src, "pipe"))
+    collect = checked_exchange.CheckedCollect(coursedir=CourseDirectory(root=str(tmp_path)),
+                                              authenticator=Authenticator())
+    dest = tmp_path / "submitted"
+    collect.do_copy(src, str(dest))
+    found = sorted(os.path.relpath(os.path.join(b, n), dest) for b, ds, fs in os.walk(dest) for n in ds + fs)
+    assert found == ["a.ipynb", "sub", os.path.join("sub", "b.txt")]
+    assert (dest / "sub" / "b.txt").read_text() == "kept"
+    assert os.stat(dest / "a.ipynb").st_mtime == 1_000_000_000
+    assert shutil.copytree.__module__ == "shutil" and shutil.copytree.__name__ == "copytree"
+
+
 # ---- 2. path guards -----------------------------------------------------------------------------
 @pytest.mark.parametrize("path", ["/", "/opt", "/opt/", "/usr", "/home", "/srv", "/tmp", "/var",
                                   "/etc", "/usr/local", "/opt/../opt", "/root"])

@@ -7,7 +7,8 @@ The exchange's inbound folder is writable by every student, and a submission's n
 global nbgrader configuration that setup.sh writes) refuses a submission unless the folder and
 every file in it belong to the student it names (or to root), and it contains no symbolic link;
 a refused submission is reported and never collected, and the student's newest accepted
-submission is collected instead.
+submission is collected instead. The copy itself follows no link either: an entry swapped for a
+link (or a named pipe) after the check is left out and reported ("DROPPED ...").
 
 A refused submission's files belong to the student who made it, so only root can delete them;
 the instructor does it with `sudo <prefix>/bin/remove-refused ASSIGNMENT`, a wrapper that takes one
@@ -94,6 +95,23 @@ def refusal_reason(path, student):
     return None
 
 
+def _copy_regular(src, dst):
+    """Copy the regular file `src` (opened without following a link, or refused) to `dst`, with its
+    mode and times, as shutil.copy2 would."""
+    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{src}: not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as inp, open(dst, "wb") as out:
+            shutil.copyfileobj(inp, out)
+        os.chmod(dst, stat.S_IMODE(st.st_mode))
+        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+    finally:
+        os.close(fd)
+    return dst
+
+
 # installed as <prefix>/lib/gpclab_checked_exchange.py; the command is <prefix>/bin/remove-refused
 REMOVE_COMMAND = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bin",
                               "remove-refused")
@@ -131,6 +149,46 @@ class CheckedCollect(ExchangeCollect):
     def init_src(self):
         self._refused = []
         super().init_src()
+
+    def do_copy(self, src, dest, log=None):
+        """nbgrader's copy of one accepted submission, following no link: the student owns the
+        inbound folder and may swap a checked file for a symbolic link (or a named pipe) before
+        the copy; such an entry is left out and reported, and a regular file is opened without
+        following a link."""
+        dropped = []
+        real_copytree = shutil.copytree
+
+        def copytree(s, d, *args, **kw):
+            if kw.get("copy_function") is _copy_regular or (len(args) > 2 and args[2] is _copy_regular):
+                return real_copytree(s, d, *args, **kw)          # copytree's own call for a subfolder
+            ignore = kw.get("ignore")
+
+            def ignore_special(folder, names):
+                out = set(ignore(folder, names)) if ignore else set()
+                for n in names:
+                    try:
+                        mode = os.lstat(os.path.join(folder, n)).st_mode
+                    except OSError:
+                        mode = 0
+                    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                        out.add(n)
+                        dropped.append(os.path.relpath(os.path.join(folder, n), src))
+                return out
+            return real_copytree(s, d, ignore=ignore_special, symlinks=True, copy_function=_copy_regular)
+
+        shutil.copytree = copytree
+        try:
+            super().do_copy(src, dest, log)
+        finally:
+            shutil.copytree = real_copytree
+        for folder, dirs, files in os.walk(dest):        # anything that still is a link goes
+            for name in dirs + files:
+                p = os.path.join(folder, name)
+                if os.path.islink(p):
+                    os.unlink(p)
+                    dropped.append(os.path.relpath(p, dest))
+        for name in sorted(set(dropped)):
+            self.log.error("DROPPED %s from %s: a symbolic link or special file; not collected", name, src)
 
     def copy_files(self):
         for rec in self._refused:
