@@ -5130,7 +5130,7 @@ _SPEED_N = 1000            # the size of the factorisation and the pass timed on
 _ESTIMATE_FROM_N = 1500    # fits of fewer points (on every latent) are not estimated: seconds at most
 _SLOW_FIT_SECONDS = 30.0   # a fit expected to take longer states its estimate and shows progress
 _LONG_FIT_SECONDS = 600.0  # ... and an ML-II expected to take longer warns, naming max_ml2_n
-_REFUSE_ML2_SECONDS = 1800.0  # ML-II on all n expected to take longer is not started unless asked
+_REFUSE_ML2_SECONDS = 600.0  # ML-II on all n expected to take longer is not started unless asked
 _PROGRESS_EVERY = 5.0      # seconds between progress lines
 _SPEED_FOR = 300.0         # seconds for which a measured speed is used
 _machine_speed_cache = []  # [(t_chol, t_pass, BLAS threads), when measured]
@@ -5495,7 +5495,7 @@ class GPClassifier:
         kept; the indices are ml2_subset_), then the approximation at all n
         with the hyperparameters found: the same numbers as a fit on that
         subset, then a fit at all n with optimize=False. Default None: ML-II
-        on all n, unless that is expected to take over 30 minutes (then fit
+        on all n, unless that is expected to take over 10 minutes (then fit
         refuses to start, saying what it expects; max_ml2_n=n runs it anyway). ML-II costs about 15 evaluations of n^3 work, the final
         approximation one: at n = 10,000 ML-II on all points takes hours,
         max_ml2_n=2000 minutes. Measured (benchmarks/bench_large_n.py, Laplace,
@@ -5527,12 +5527,12 @@ class GPClassifier:
     two). A fit whose peak memory (4 n x n arrays for Laplace ML-II, 6 for
     EP) exceeds the memory available raises MemoryError before it starts,
     naming n, the estimate, the memory needed and available, and what to do
-    instead (max_ml2_n, or a subset of the rows); an ML-II (or EM-EP) expected
-    to take over 10 minutes warns (RuntimeWarning) with the estimate and the
-    time max_ml2_n=2000 (EM-EP: 1000) would take, and one on all n expected to take over 30
-    minutes is not started when max_ml2_n is left at None: RuntimeError with
-    the estimate and what to do instead (max_ml2_n=2000 and its time, or
-    max_ml2_n=n to run it on all n anyway, or fixed log_hyp). The fit runs with the BLAS thread count
+    instead (max_ml2_n, or a subset of the rows); an ML-II (or EM-EP) on all
+    n expected to take over 10 minutes is not started when max_ml2_n is left
+    at None: RuntimeError with the estimate and what to do instead
+    (max_ml2_n=2000, EM-EP 1000, and its time; max_ml2_n=n to run it on all
+    n anyway; or fixed log_hyp); asked for (max_ml2_n=n, or a subset that
+    long), it runs with a RuntimeWarning saying the same. The fit runs with the BLAS thread count
     measured faster at its start: all of them on an idle machine, one when
     other processes hold the cores (two OpenBLAS threads are then several
     times slower than one); below 1,500 points BLAS always runs one thread.

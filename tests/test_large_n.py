@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -128,11 +129,11 @@ def test_emep_shows_a_line_per_round(slow_machine, capsys):
         assert float(got[3]) == pytest.approx(clf.emep_.log_Z[:k + 1].max(), abs=1e-4)
 
 
-def test_emep_over_half_an_hour_names_max_ml2_n(slow_machine):
+def test_emep_over_ten_minutes_names_max_ml2_n(slow_machine):
     """EM-EP on all n refused like ML-II, naming EM-EP on a subset of 1,000 and its time."""
     X, y = problem(1200)
     alt = gpclab._fit_estimate(1200, 1000, (1, 1), "emep", True, 1)
-    with pytest.raises(RuntimeError, match=r"not started: EM-EP on all n would take over 30 min\. "
+    with pytest.raises(RuntimeError, match=r"not started: EM-EP on all n would take over 10 min\. "
                        r"max_ml2_n=1000 \(EM-EP on a random subset of 1000, then the approximation at all n\) "
                        rf"is expected to take about {gpclab._duration(alt['seconds'])}\. To run EM-EP on all n "
                        r"anyway, pass max_ml2_n=1200"):
@@ -146,21 +147,29 @@ def test_verbose_false_silences_progress_not_the_warning(slow_machine, capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_ml2_over_half_an_hour_is_refused_unless_asked(slow_machine, monkeypatch):
-    """ML-II on all n expected over 30 minutes: not started by default, with the estimate, the
-    subset's time and how to run it anyway; 10-30 minutes: it runs, with a warning."""
+def test_ml2_over_ten_minutes_is_refused_unless_asked(slow_machine, monkeypatch):
+    """ML-II on all n expected over 10 minutes: not started by default, with the estimate, the
+    subset's time and how to run it anyway; asked for, it runs with a warning; under 10 minutes
+    it runs without one."""
     X, y = problem(100)
     clf = gpclab.GPClassifier(verbose=False)
     with pytest.raises(RuntimeError) as e:
         clf.fit(X, y)
     msg = str(e.value)
     assert "n = 100, method 'laplace': expected about 2.8 h" in msg and "not started" in msg
-    assert "over 30 min" in msg and "pass max_ml2_n=100" in msg and "optimize=False" in msg
+    assert "over 10 min" in msg and "pass max_ml2_n=100" in msg and "optimize=False" in msg
     assert not hasattr(clf, "log_hyp_")
     # 1e5 s / 1000^3 * 100^3 = 100 s a factorisation; at a tenth of that ML-II's 90 factorisations
-    # take 15 min: warned, not refused
+    # take 15 min: refused by default, run with a warning when asked for
     monkeypatch.setattr(gpclab, "_machine_speed_cache", [(1e4, 0.0, None), float("inf")])
-    with pytest.warns(RuntimeWarning, match="expected about"):
+    with pytest.raises(RuntimeError, match="not started"):
+        gpclab.GPClassifier(verbose=False).fit(X, y)
+    with pytest.warns(RuntimeWarning, match="expected about 17 min"):
+        gpclab.GPClassifier(verbose=False, max_ml2_n=100).fit(X, y)
+    # a hundredth: 1.5 min, neither refused nor warned
+    monkeypatch.setattr(gpclab, "_machine_speed_cache", [(1e3, 0.0, None), float("inf")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
         gpclab.GPClassifier(verbose=False).fit(X, y)
 
 
