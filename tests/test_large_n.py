@@ -257,24 +257,27 @@ except KeyboardInterrupt as e:
 """
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT is POSIX")
-def test_ctrl_c_stops_a_long_fit_within_a_second():
-    """SIGINT from this process 2 s into a fit that would run for ever (as Ctrl-C comes from the
-    terminal, not from a thread of the fit, which numba code holding the GIL would starve):
-    KeyboardInterrupt within 1 s, the estimator unfitted, the message and best_log_hyp the
-    best log_hyp so far."""
+def _interrupt_after_start(script, on_stderr=None):
+    """Run `script` in a new Python, send it SIGINT 2 s after it prints START (as Ctrl-C comes from
+    the terminal), and return ({first word of each printed line: (time, line)}, when SIGINT was sent);
+    `on_stderr` sees each line of its stderr."""
     import threading
 
-    proc = subprocess.Popen([sys.executable, "-c", INTERRUPT], stdout=subprocess.PIPE, text=True,
-                            env=dict(os.environ))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE if on_stderr else None, text=True, env=dict(os.environ))
     seen = {}
 
     def read():
         for line in proc.stdout:
             seen.setdefault(line.split(" ", 1)[0].strip(), (time.perf_counter(), line.strip()))
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    def read_err():
+        for line in proc.stderr:
+            on_stderr(line)
+
+    readers = [threading.Thread(target=f, daemon=True) for f in ((read, read_err) if on_stderr else (read,))]
+    for t in readers:
+        t.start()
     try:
         deadline = time.perf_counter() + 900
         while "START" not in seen and proc.poll() is None and time.perf_counter() < deadline:
@@ -284,11 +287,22 @@ def test_ctrl_c_stops_a_long_fit_within_a_second():
         sent = time.perf_counter()
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=300)
-        reader.join(timeout=10)
+        for t in readers:
+            t.join(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    return seen, sent
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT is POSIX")
+def test_ctrl_c_stops_a_long_fit_within_a_second():
+    """SIGINT from this process 2 s into a fit that would run for ever (as Ctrl-C comes from the
+    terminal, not from a thread of the fit, which numba code holding the GIL would starve):
+    KeyboardInterrupt within 1 s, the estimator unfitted, the message and best_log_hyp the
+    best log_hyp so far."""
+    seen, sent = _interrupt_after_start(INTERRUPT)
     assert "INTERRUPTED" in seen, seen
     assert seen["INTERRUPTED"][0] - sent < 1.0
     lines = {k: v[1].split(" ", 1)[-1] for k, v in seen.items()}
@@ -330,41 +344,14 @@ def test_ctrl_c_stops_emep_with_its_last_round():
     """SIGINT 2 s into an EM-EP fit that would run for ever: KeyboardInterrupt within 1 s, in EM-EP
     rounds, its best_log_hyp a log_hyp whose E-step finished: EP from scratch there gives the log
     Z_EP the message states, which is the best of the round lines printed before."""
-    import threading
+    rounds = []
 
-    proc = subprocess.Popen([sys.executable, "-c", INTERRUPT_EMEP], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ))
-    seen, rounds = {}, []
+    def on_stderr(line):
+        got = re.match(r"GPClassifier.fit: EM-EP round \d+: log Z_EP (-?\d+\.\d+) \(best (-?\d+\.\d+)\)", line)
+        if got:
+            rounds.append((float(got[1]), float(got[2])))
 
-    def read():
-        for line in proc.stdout:
-            seen.setdefault(line.split(" ", 1)[0].strip(), (time.perf_counter(), line.strip()))
-
-    def read_err():
-        for line in proc.stderr:
-            got = re.match(r"GPClassifier.fit: EM-EP round \d+: log Z_EP (-?\d+\.\d+) \(best (-?\d+\.\d+)\)",
-                           line)
-            if got:
-                rounds.append((float(got[1]), float(got[2])))
-
-    readers = [threading.Thread(target=f, daemon=True) for f in (read, read_err)]
-    for t in readers:
-        t.start()
-    try:
-        deadline = time.perf_counter() + 900
-        while "START" not in seen and proc.poll() is None and time.perf_counter() < deadline:
-            time.sleep(0.05)
-        assert "START" in seen, "the fit did not start"
-        time.sleep(2.0)
-        sent = time.perf_counter()
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=300)
-        for t in readers:
-            t.join(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    seen, sent = _interrupt_after_start(INTERRUPT_EMEP, on_stderr)
     assert "INTERRUPTED" in seen, seen
     assert seen["INTERRUPTED"][0] - sent < 1.0
     lines = {k: v[1].split(" ", 1)[-1] for k, v in seen.items()}
