@@ -18,7 +18,7 @@ tests/test_boxes.py keeps these numbers true):
     GPML Algorithm 3.5  expectation propagation           ep                          line 2088
     GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2167
     K&R Algorithm 3     annealed importance sampling      ais                         line 2675
-    the boxes as printed, errata, departures              BOXES, show_box             line 3971
+    the boxes as printed, errata, departures              BOXES, show_box             line 4005
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
     GPML 3.3   covariance functions; the likelihoods (3.15, 3.16) and their one
@@ -3056,12 +3056,19 @@ def difference_covariance(C, y):
 
 _MC_REFRESH = 10       # ep_multiclass: Sigma formed afresh from the sites at least every 10th sweep
 _MC_TRACK = 30.0       # ep_multiclass: log Z_EP from the sweep whose site changes are below 30 sqrt(tol)
+_MC_LARGE = 1.0        # multiclass_ep_evidence: Sigma formed afresh after a sweep whose site changes are above 1
 
 
 @njit(cache=True)
-def _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps):
+def _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps, lean=False):
     """ep (likelihood 'step', eps 0, natural order) on the N difference latents, with
-    Sigma formed afresh only where it is needed (see ep_multiclass's Notes). Returns ep's tuple."""
+    Sigma formed afresh only where it is needed (see ep_multiclass's Notes). Returns ep's tuple.
+
+    lean (for the evidence, multiclass_ep_evidence): Sigma is formed afresh after every sweep
+    whose largest relative site change is above _MC_LARGE (the rank-one updates' rounding grows
+    with the changes), so that at convergence the test's log Z_EP (line 13's L, Sigma's diagonal
+    and mu as updated) is returned, without lines 14-15 from the final sites (2 N^3, twice a
+    sweep's updates); Sigma is returned empty, (0, 0)."""
     N = Kg.shape[0]
     tau_max = _ep_tau_max(Kg)
     nu_tilde, tau_tilde, Sigma, mu = _ep_init(Kg, nu_tilde_init, tau_tilde_init)
@@ -3070,6 +3077,7 @@ def _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps):
     log_Z, n_bad = np.nan, 0
     log_Z_old, tested = np.inf, -1                            # log Z_EP of sweep `tested`
     converged, exact, fresh_L = False, True, False
+    V, mu_e = np.empty((0, 0)), np.empty(0)
     delta, n_skipped, n_sweeps = 0.0, 0, 0
     for n_sweeps in range(1, max_sweeps + 1):
         delta, n_skipped = 0.0, 0
@@ -3094,7 +3102,8 @@ def _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps):
             _apply_pending(Sigma, U, c, m)                    # Sigma's lower triangle up to date
         near = delta < math.sqrt(tol)                         # line 16's test of the site changes
         exact = fresh_L = False                               # Sigma, mu; L formed afresh from these sites
-        if n_skipped > 0 or n_sweeps % _MC_REFRESH == 0 or n_sweeps == max_sweeps:
+        if (n_skipped > 0 or n_sweeps % _MC_REFRESH == 0 or n_sweeps == max_sweeps
+                or (lean and delta > _MC_LARGE)):
             Sigma, mu, L = _ep_posterior(Kg, tau_tilde, nu_tilde)        # lines 13-15
             exact = True
         elif delta < _MC_TRACK * math.sqrt(tol):
@@ -3106,18 +3115,37 @@ def _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps):
             continue
         log_Z, n_bad = _ep_log_Z(np.ones(N), tau_tilde, nu_tilde, Sigma, mu, L, 0.0, 0.0)  # line 17
         if near and tested == n_sweeps - 1 and abs(log_Z - log_Z_old) < tol:   # line 16
-            converged = True
-            break
+            if exact or lean:
+                converged = True
+                break
+            # line 14's V = L \ S~^1/2 Kg from these sites: Sigma's diagonal and mu (line 15) against
+            # the rank-one updates' (which drift after site changes of 1e2, by 0.4 nats of log Z_EP
+            # in a test: then the sweeps' fixed point is not EP's, and they go on from Sigma anew)
+            V = solve_lower_matrix(L, _scale_rows(np.sqrt(tau_tilde), Kg))
+            mu_e = Kg @ nu_tilde - V.T @ (V @ nu_tilde)
+            drift = 0.0
+            for a in range(N):
+                d = Kg[a, a]
+                for b in range(N):
+                    d -= V[b, a] * V[b, a]
+                if d > 0.0:
+                    drift = max(drift, abs(d - Sigma[a, a]) / d, abs(mu_e[a] - mu[a]) / math.sqrt(d))
+            if drift < math.sqrt(tol):
+                converged = True
+                break
+            Sigma, mu, exact = minus_gram(Kg, V), mu_e, True
+            tested = -1
+            continue
         log_Z_old, tested = log_Z, n_sweeps
-    if not exact:
-        # lines 14-15 from the final sites (and their L when line 13 ran for them): Sigma, mu
-        # and log Z_EP as ep returns them
-        if fresh_L:
-            Sigma = minus_gram(Kg, solve_lower_matrix(L, _scale_rows(np.sqrt(tau_tilde), Kg)))
-            mu = Sigma @ nu_tilde
-        else:
-            Sigma, mu, L = _ep_posterior(Kg, tau_tilde, nu_tilde)
+    if converged and not (exact or lean):
+        # lines 14-15 from the final sites, with line 13's L and line 14's V of the test above; line 17
+        Sigma, mu = minus_gram(Kg, V), mu_e
         log_Z, n_bad = _ep_log_Z(np.ones(N), tau_tilde, nu_tilde, Sigma, mu, L, 0.0, 0.0)
+    elif not (exact or converged):
+        Sigma, mu, L = _ep_posterior(Kg, tau_tilde, nu_tilde)         # lines 13-15 from the final sites
+        log_Z, n_bad = _ep_log_Z(np.ones(N), tau_tilde, nu_tilde, Sigma, mu, L, 0.0, 0.0)
+    if lean:
+        Sigma = np.empty((0, 0))
     return nu_tilde, tau_tilde, log_Z, Sigma, mu, L, n_sweeps, converged, delta, max(n_skipped, n_bad)
 
 
@@ -3168,12 +3196,18 @@ def ep_multiclass(C, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_s
     together; Laplace's softmax gives the same), where ep's step sites give
     H(0)^(J-1) = (1/2)^(J-1).
     """
+    return _ep_multiclass_run(C, y, nu_tilde_init, tau_tilde_init, tol, max_sweeps, False)
+
+
+@njit(cache=True)
+def _ep_multiclass_run(C, y, nu_tilde_init, tau_tilde_init, tol, max_sweeps, lean):
+    """ep_multiclass's body; lean: _ep_multiclass_sweeps's evidence mode (multiclass_ep_evidence)."""
     J = y.shape[0]
     Kg = difference_covariance(C, y)
     N = Kg.shape[0]
     if nu_tilde_init is None:                                 # (the face passes zeros; py_func may get None)
         nu_tilde_init, tau_tilde_init = np.zeros(N), np.zeros(N)
-    out = _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps)
+    out = _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps, lean)
     n_tied = (np.diag(C) == 0.0).sum()                        # cases with no prior variance: J-way ties
     log_Z = out[2] + n_tied * ((J - 1) * math.log(2.0) - math.log(J))
     return out[0], out[1], log_Z, out[3], out[4], out[5], out[6], out[7], out[8], out[9]
@@ -4860,7 +4894,7 @@ def evidence(X, y, log_hyp, kernel="se", likelihood="logistic", method="laplace"
     """
     if np.ndim(y) == 2:
         if method in ("ep", "emep"):
-            v, g, res = multiclass_ep_evidence(X, y, log_hyp, kernel, warm, eval_gradient, discrete)
+            v, g, res = multiclass_ep_evidence(X, y, log_hyp, kernel, warm, eval_gradient, discrete, tol)
             return v, g, res, (res.nu_tilde, res.tau_tilde)
         v, g, res = multiclass_evidence(X, y, log_hyp, kernel, warm, eval_gradient, discrete)
         return v, g, res, res.a
@@ -4899,7 +4933,11 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
     and t2 of 'kg' together; the step sees only the sign of f): without
     hyp_prior, the scale (log t0 for 'kg', 'kg_iso', log v0 for 'ard', log sf
     for 'se') is held at its start value, which removes that flat direction
-    (L-BFGS otherwise spends its steps along it). An evaluation whose warm
+    (L-BFGS otherwise spends its steps along it). Multi-class EP (sweeps of
+    O((n (J - 1))^3)) runs to tol = (0.01 max |gradient|)^2 within [1e-9, 1e-5]:
+    the sites to a relative change below 1% of the gradient's largest entry (on
+    fgl, 146 sweeps in 33 evaluations instead of 200, the same optimum to 1e-3
+    nats). An evaluation whose warm
     start fails (not finite, or EP or Newton not converged) is done again
     from no sites or a zero mode, as GPML's infEP restarts.
     ftol: L-BFGS-B stops when a step raises the log evidence by less than
@@ -4935,6 +4973,10 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
     return h, v, res
 
 
+_MC_TOL_PER_GRAD = 0.01   # ML-II on multi-class EP: EP's site changes below 1% of the gradient's largest entry
+_MC_TOL_PER_FTOL = 0.01   # ... and EP's tol below 1% of the rise in log Z_EP that ends L-BFGS-B
+
+
 def _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_prior, discrete, eps,
              ftol, monitor=None):
     """ml2 on checked arguments. Returns (log_hyp, value, OptimizeResult, notes): notes maps
@@ -4961,7 +5003,9 @@ def _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_p
             return g
         return g.sum(axis=0) if len(shape) == 1 else g.ravel()
 
-    state = {"warm": None, "tol": 1e-9, "converged": {}}
+    if ftol is None:
+        ftol = 1e-6 if method in ("ep", "emep") else 2.2e-9
+    state = {"warm": None, "tol": 1e-9, "converged": {}, "ftol": ftol}
 
     def neg(x):
         v, g, res, warm = evidence(X, y, unpack(x), kernel, likelihood, method, state["warm"],
@@ -4975,13 +5019,22 @@ def _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_p
                 v, g, res, warm = cold
         state["warm"] = warm
         state["converged"][np.asarray(x, dtype=float).tobytes()] = bool(res.converged)
+        state["warm_at"] = (np.asarray(x, dtype=float).tobytes(), warm if res.converged else None)
         if not np.isfinite(v):
             if monitor is not None:
                 monitor(x, -np.inf)
             return np.inf, np.zeros_like(x)
         g = pack_grad(g)
         # EP converged to 1e-5 (sites to 0.3%) while the gradient is steep, to 1e-9 near the optimum
-        state["tol"] = 1e-5 if np.max(np.abs(g)) > 1.0 else 1e-9
+        if np.ndim(y) == 2 and method in ("ep", "emep"):
+            # multi-class EP (a sweep is N^3 for N = n (J - 1)): sites to a relative change below 1%
+            # of the gradient's largest entry, tol = (0.01 max |g|)^2, within [1e-9, 1e-5] and below
+            # 1% of the rise in log Z_EP that ends L-BFGS-B (ftol |log Z_EP|), which EP's error
+            # must not fake
+            cap = min(1e-5, _MC_TOL_PER_FTOL * state["ftol"] * max(abs(v), 1.0))
+            state["tol"] = min(max((_MC_TOL_PER_GRAD * np.max(np.abs(g))) ** 2, 1e-9), max(cap, 1e-9))
+        else:
+            state["tol"] = 1e-5 if np.max(np.abs(g)) > 1.0 else 1e-9
         if hyp_prior is not None:
             m, sd = hyp_prior
             v = v - 0.5 * np.sum(((x - m) / sd) ** 2) - x.size * np.log(sd * np.sqrt(2 * np.pi))
@@ -5007,8 +5060,11 @@ def _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_p
                              message="every hyperparameter is fixed by its bounds")
     else:
         res = minimize(neg, x0, jac=True, method="L-BFGS-B", bounds=bounds,
-                       options={"maxiter": max_iter,
-                                "ftol": ftol if ftol is not None else 1e-6 if method in ("ep", "emep") else 2.2e-9})
+                       options={"maxiter": max_iter, "ftol": ftol})
+    # the sites (or mode) of the last evaluation, if it was at the log_hyp returned: a warm start
+    # for the caller's approximation there (GPClassifier.fit's final one)
+    at, warm = state.get("warm_at", (None, None))
+    res.warm = warm if at == np.asarray(res.x, dtype=float).tobytes() else None
     notes = {}
     if not state["converged"].get(np.asarray(res.x, dtype=float).tobytes(), True):
         what = "EP" if method in ("ep", "emep") else "Newton's method"
@@ -5131,9 +5187,15 @@ _ESTIMATE_FROM_N = 1500    # fits of fewer points (on every latent) are not esti
 _SLOW_FIT_SECONDS = 30.0   # a fit expected to take longer states its estimate and shows progress
 _LONG_FIT_SECONDS = 600.0  # ... and an ML-II expected to take longer warns, naming max_ml2_n
 _REFUSE_ML2_SECONDS = 600.0  # ML-II on all n expected to take longer is not started unless asked
+_MC_EP_THREADS_FROM = 800  # multi-class EP on this many difference latents or more: BLAS threads as measured
 _PROGRESS_EVERY = 5.0      # seconds between progress lines
 _SPEED_FOR = 300.0         # seconds for which a measured speed is used
 _machine_speed_cache = []  # [(t_chol, t_pass, BLAS threads), when measured]
+# a fast machine of today (a third of this project's two-core test machine's times): a fit expected
+# at this speed to take under _SLOW_FIT_SECONDS / _ROUGH_MARGIN is short on any machine up to
+# _ROUGH_MARGIN times slower, and does not spend _machine_speed's 0.05-0.3 s to say so
+_ROUGH_SPEED = (0.0015, 0.0001, None)
+_ROUGH_MARGIN = 10.0
 # the work of one evaluation of the evidence with its gradient during ML-II (warm-started), in
 # Cholesky factorisations of the n x n matrix and passes over an n x n matrix, and of the final
 # approximation at all n (started cold, no gradient); measured at n = 1,000-3,000 (binary EP:
@@ -5165,9 +5227,10 @@ def _machine_speed():
     K = kernel_matrix.unchecked("se", X, X, np.zeros(2), np.zeros(2))
     sW = np.full(_SPEED_N, 0.5)
     best = None
+    every = max(_blas_threads_outer) if _blas_threads_outer else None   # (inside a fit that held one)
     for threads in (None, 1):                              # all BLAS threads, then one
         t_chol = t_pass = np.inf
-        with threadpool_limits(limits=threads, user_api="blas"):
+        with threadpool_limits(limits=every if threads is None else 1, user_api="blas"):
             for _ in range(3):
                 t = time.perf_counter()
                 B = _form_B(K, sW)                           # one O(n^2) pass, as the boxes' loops
@@ -5205,19 +5268,32 @@ def _duration(s):
     return f"{s / 3600:.1f} h"
 
 
-def _fit_estimate(n, m, n_latent, method, optimize, runs):
+def _fit_estimate(n, m, n_latent, method, optimize, runs, measure=None):
     """What a fit will take: ML-II (or EM-EP) on m of the n points, then the approximation at all n.
 
     n_latent: latent functions per point in one n x n block (multi-class Laplace factorises C
     blocks of n; multi-class EP one matrix of n (C - 1)); runs: ML-II runs (1 + n_restarts).
-    Returns a dict: seconds (total), seconds_ml2, evaluations, peak_bytes, final_bytes, or None
-    below _ESTIMATE_FROM_N.
+    Returns a dict: seconds (total), seconds_ml2, evaluations, peak_bytes, final_bytes, threads,
+    measured, or None below _ESTIMATE_FROM_N. measure: None, this machine's speed is measured
+    (_machine_speed, 0.05-0.3 s) only when the fit might be long: when at _ROUGH_SPEED it is
+    expected to take more than _SLOW_FIT_SECONDS / _ROUGH_MARGIN; True, always (verbose fits).
+    Without it the estimate is at _ROUGH_SPEED (measured False, threads None: left as they are).
     """
     kind = "laplace" if method == "laplace" else "ep"      # EM-EP's E-step is EP
     blocks, size = n_latent
     if size * n < _ESTIMATE_FROM_N:
         return None
-    t_chol, t_pass, threads = _machine_speed()
+    est = _estimate_at(n, m, blocks, size, kind, method, optimize, runs, _ROUGH_SPEED)
+    if measure or (measure is None and est["seconds"] * _ROUGH_MARGIN >= _SLOW_FIT_SECONDS):
+        est = _estimate_at(n, m, blocks, size, kind, method, optimize, runs, _machine_speed())
+        est["measured"] = True
+    return est
+
+
+def _estimate_at(n, m, blocks, size, kind, method, optimize, runs, speed):
+    """_fit_estimate at the speed (seconds of one Cholesky factorisation and of one pass at
+    _SPEED_N, BLAS threads)."""
+    t_chol, t_pass, threads = speed
 
     def seconds(work, k):
         chol, passes = work
@@ -5230,7 +5306,7 @@ def _fit_estimate(n, m, n_latent, method, optimize, runs):
     grad_arrays, plain_arrays = _PEAK_ARRAYS[kind]
     peak = 8.0 * blocks * max(grad_arrays * (size * m) ** 2 if optimize else 0, plain_arrays * (size * n) ** 2)
     return {"seconds": ml2 + final, "seconds_ml2": ml2, "evaluations": evals, "peak_bytes": peak, "threads": threads,
-            "final_bytes": 8.0 * blocks * plain_arrays * (size * n) ** 2, "n": n, "m": m}
+            "final_bytes": 8.0 * blocks * plain_arrays * (size * n) ** 2, "n": n, "m": m, "measured": False}
 
 
 class _FitThreads:
@@ -5272,6 +5348,7 @@ class _FitThreads:
         from threadpoolctl import threadpool_limits
 
         self.limits = threadpool_limits(limits=k, user_api="blas")
+        self.token = _fit_threads_set.set(True)     # the calls inside the fit keep this count
 
     def __exit__(self, *exc):
         if self.alarm is not None:
@@ -5281,6 +5358,7 @@ class _FitThreads:
             signal.signal(signal.SIGALRM, signal.SIG_DFL)
             self.alarm = None
         if self.limits is not None:
+            _fit_threads_set.reset(self.token)
             self.limits.restore_original_limits()
 
 
@@ -5867,6 +5945,9 @@ class GPClassifier:
                      else log_hyp)
         if res is not None and sub is not None:
             res = None                   # EM-EP's sites belong to the subset
+        # ML-II's last sites at the log_hyp found start EP there (a sweep or two instead of ten)
+        warm = (getattr(out, "warm", None) if self.optimize and method == "ep" and sub is None
+                and res is None else None)
         try:
             if res is None:
                 if monitor.show:
@@ -5877,8 +5958,11 @@ class GPClassifier:
                     monitor.say(f"fitting at all n = {n}{left}{found}: log_hyp {np.round(log_hyp, 4).tolist()}")
                     started = monitor.clock()
                     monitor.final = (n, started)
-                _, _, res, _ = evidence(X, y_t, class_hyp, kernel, likelihood, method, None, False, discrete,
+                _, _, res, _ = evidence(X, y_t, class_hyp, kernel, likelihood, method, warm, False, discrete,
                                         eps)
+                if warm is not None and not res.converged:      # as ml2: a failed warm start again cold
+                    _, _, res, _ = evidence(X, y_t, class_hyp, kernel, likelihood, method, None, False,
+                                            discrete, eps)
                 if monitor.show:
                     monitor.say(f"the approximation at all n = {n} done in {_duration(monitor.clock() - started)}")
             if multiclass and method == "laplace":
@@ -5943,7 +6027,7 @@ class GPClassifier:
         for the fit (threads, a _FitThreads). Returns the _FitMonitor of the fit."""
         blocks = (C, 1) if multiclass and method == "laplace" else (1, C - 1) if multiclass else (1, 1)
         runs = 1 + int(self.n_restarts)
-        est = _fit_estimate(n, m, blocks, method, bool(self.optimize), runs)
+        est = _fit_estimate(n, m, blocks, method, bool(self.optimize), runs, True if self.verbose else None)
         show = bool(self.verbose) if self.verbose is not None else (
             est is not None and est["seconds"] >= _SLOW_FIT_SECONDS)
         rounds = method == "emep" and bool(self.optimize)
@@ -5954,6 +6038,10 @@ class GPClassifier:
         if threads is not None and show:
             threads.tick(monitor)
         if est is None:
+            if threads is not None and blocks[1] > 1 and blocks[1] * n >= _MC_EP_THREADS_FROM:
+                # multi-class EP's N x N sweeps: the faster count (all: those before fit held one)
+                k = _machine_speed()[2]
+                threads.limit(k if k is not None else max(_blas_threads_outer or [os.cpu_count() or 1]))
             return monitor
         what = ("EM-EP" if method == "emep" else "ML-II") if self.optimize else None
         on = f" on a random subset of {m}" if m < n else " on all n"
@@ -6235,11 +6323,19 @@ def multiclass_ep_evidence(X, Y, log_hyp, kernel="kg", sites=None, eval_gradient
     gradient is eq. 31 at the EP fixed point, which equals d log Z_EP / d log_hyp
     there (K&G Theorem 1), computed from the sites and L (_ep_log_Z_grad_multiclass).
     Returns (log_Z, grad, result).
+
+    EP runs ep_multiclass's sweeps and convergence test, with Sigma formed afresh
+    after each sweep of large site changes (above 1, relative), and returns log Z_EP
+    of the sweep that passed the test (line 13's L, Sigma's diagonal and mu as
+    the rank-one updates left them: within 1e-10 of ep_multiclass's), without
+    forming Sigma again from the final sites (2 N^3 for N = n (J - 1)):
+    result.Sigma is empty, shape (0, 0) (ep_multiclass returns it).
     """
     C = kernel_matrix.unchecked(kernel, X, X, log_hyp, discrete)
-    nu0, tau0 = (None, None) if sites is None else sites
+    N = Y.shape[1] * (Y.shape[0] - 1)
+    nu0, tau0 = (np.zeros(N), np.zeros(N)) if sites is None else sites
     try:
-        res = ep_multiclass.unchecked(C, Y, nu0, tau0, tol)
+        res = EPResult(*_ep_multiclass_run(C, Y, nu0, tau0, tol, 100, True))
     except np.linalg.LinAlgError as e:
         raise _factorisation_failed("multiclass_ep_evidence", "ep_multiclass", e, [("C", C)]) from None
     grad = None
@@ -8335,6 +8431,10 @@ def _caused_by_interrupt(e):
 
 _BLAS_ONE_THREAD_BELOW = 1500    # arrays with every dimension below this: one BLAS thread
 _blas_libraries = []
+_blas_threads_outer = []         # the BLAS threads there were before _blas_threads_for held one
+# inside a fit whose BLAS threads _FitThreads.limit set (from _machine_speed): the calls it makes
+# keep them (multi-class EP's N x N sweeps at n = 214 and 6 classes are large work on small X)
+_fit_threads_set = contextvars.ContextVar("gpclab_fit_threads_set", default=False)
 
 
 class _blas_threads_for:
@@ -8348,7 +8448,7 @@ class _blas_threads_for:
 
     def __init__(self, values):
         dims = [d for v in values for d in getattr(v, "shape", ())]      # arrays and DataFrames
-        self.active = bool(dims) and max(dims) < _BLAS_ONE_THREAD_BELOW
+        self.active = bool(dims) and max(dims) < _BLAS_ONE_THREAD_BELOW and not _fit_threads_set.get()
         self.before = None
 
     def __enter__(self):
@@ -8358,6 +8458,8 @@ class _blas_threads_for:
                 _blas_libraries.extend(c for c in ThreadpoolController().lib_controllers
                                        if c.user_api == "blas")
             self.before = [lib.get_num_threads() for lib in _blas_libraries]
+            if max(self.before, default=1) > 1:
+                _blas_threads_outer[:] = [max(self.before)]
             for lib, n in zip(_blas_libraries, self.before):
                 if n != 1:
                     lib.set_num_threads(1)

@@ -30,7 +30,34 @@ def slow_machine(monkeypatch):
     """A machine on which a Cholesky factorisation of _SPEED_N points takes 1e5 s (passes free),
     and fits of 10 points or more are estimated."""
     monkeypatch.setattr(gpclab, "_machine_speed_cache", [(1e5, 0.0, None), float("inf")])
+    monkeypatch.setattr(gpclab, "_ROUGH_SPEED", (1e5, 0.0, None))    # long even at the rough speed: measured
     monkeypatch.setattr(gpclab, "_ESTIMATE_FROM_N", 10)
+
+
+def test_speed_is_measured_only_for_fits_that_might_be_long(monkeypatch):
+    """A fit short even on a machine _ROUGH_MARGIN times slower than _ROUGH_SPEED is estimated
+    without measuring this machine (which takes 0.05-0.3 s); a longer one, or a verbose one, is
+    measured."""
+    calls = []
+
+    def speed():
+        calls.append(1)
+        return (1e-3, 1e-4, 1)
+
+    monkeypatch.setattr(gpclab, "_machine_speed", speed)
+    short = gpclab._fit_estimate(2000, 2000, (1, 1), "laplace", False, 1)     # 10 factorisations of 2,000
+    assert calls == [] and short["measured"] is False and short["threads"] is None
+    t_chol, t_pass, _ = gpclab._ROUGH_SPEED
+    assert short["seconds"] == pytest.approx(10 * t_chol * 8 + 40 * t_pass * 4)
+    assert short["seconds"] * gpclab._ROUGH_MARGIN < gpclab._SLOW_FIT_SECONDS
+    long = gpclab._fit_estimate(2000, 2000, (1, 1), "ep", True, 1)            # ML-II on EP: 15 x 60
+    assert calls == [1] and long["measured"] is True and long["threads"] == 1
+    assert long["seconds"] == pytest.approx((15 * 60 + 60) * 1e-3 * 8 + (15 * 40 + 40) * 1e-4 * 4)
+    asked = gpclab._fit_estimate(2000, 2000, (1, 1), "laplace", False, 1, measure=True)
+    assert calls == [1, 1] and asked["measured"] is True
+    X, y = problem(2000)
+    gpclab.GPClassifier(optimize=False).fit(X, y)                     # short: not measured
+    assert calls == [1, 1]
 
 
 def test_estimate_scales_as_n_cubed(slow_machine):
