@@ -4607,14 +4607,15 @@ def _input_spread(X):
     return float(np.median(dist)) if dist.size else 1.0
 
 
-def _column_spread(X):
-    """The median distance |x_m - x'_m| between the values of each input m (at most 200 rows, the
-    pairs of distinct values): the unit of input m, 0 for a constant input. Scaling column m by
-    c scales its spread by c, and with it the start (data_log_hyp) and bounds (default_bounds)
+def _column_spread(X, rows=200):
+    """The median distance |x_m - x'_m| between the values of each input m (at most `rows` rows,
+    the pairs of distinct values): the unit of input m, 0 for a constant input. Scaling column m
+    by c scales its spread by c, and with it the start (data_log_hyp) and bounds (default_bounds)
     of its ARD weight, so that ML-II does not depend on the unit of each input. (USPS's 256
-    inputs: about 0.1 s.)"""
+    inputs: about 0.1 s; the warning of mixed units, which needs only a factor of 100, looks at
+    64 rows: a tenth of the pairs.)"""
     X = np.asarray(X, dtype=float)
-    sub = X[np.linspace(0, X.shape[0] - 1, min(X.shape[0], 200)).astype(int)]
+    sub = X[np.linspace(0, X.shape[0] - 1, min(X.shape[0], rows)).astype(int)]
     out = np.zeros(X.shape[1])
     if sub.shape[0] < 2:
         return out
@@ -4674,6 +4675,9 @@ def data_log_hyp(kernel, X, y):
     return np.concatenate([[np.log(sf2), np.log(1.0 + b2), np.log(1e-3)], w])
 
 
+_MIXED_UNITS_ROWS = 64   # rows whose pairs _warn_mixed_units compares (a factor of 100 is not subtle)
+
+
 def _warn_mixed_units(X, kernel, discrete, where):
     """Warn when an isotropic kernel ('se', 'kg_iso') meets inputs whose spreads differ by more than
     100 times: one length-scale then measures distance in the largest unit and the other inputs
@@ -4681,7 +4685,7 @@ def _warn_mixed_units(X, kernel, discrete, where):
     if kernel not in ("se", "kg_iso") or X.shape[1] < 2:
         return
     keep = ~np.asarray(discrete, dtype=bool) if discrete is not None else np.ones(X.shape[1], bool)
-    r = _column_spread(X)[keep]
+    r = _column_spread(X, _MIXED_UNITS_ROWS)[keep]
     r = r[r > 0]
     if r.size >= 2 and r.max() > 100.0 * r.min():
         warnings.warn(f"{where}: the inputs' spreads differ by {r.max() / r.min():.3g} times (median "
@@ -5210,11 +5214,12 @@ _EMEP_ROUNDS = 20          # EM-EP's rounds, each an EP run and a few M-step gra
 _PEAK_ARRAYS = {"laplace": (4, 3), "ep": (6, 6)}
 
 
-def _machine_speed():
+def _machine_speed(every=None):
     """(seconds of one Cholesky factorisation, seconds of one pass over the matrix, BLAS threads)
     at _SPEED_N, the best of three, with one BLAS thread and with all of them: the threads of the
     faster. Measured once per process (again after _SPEED_FOR seconds: the load of a shared
-    machine changes). Two OpenBLAS threads are about twice as fast as one on an idle machine of
+    machine changes). every: the count of "all" (inside a fit that held one thread: the count
+    before it); None, the count set now. Two OpenBLAS threads are about twice as fast as one on an idle machine of
     two cores, and several times slower when other processes hold the cores (NUMBA.md)."""
     import time
 
@@ -5227,7 +5232,6 @@ def _machine_speed():
     K = kernel_matrix.unchecked("se", X, X, np.zeros(2), np.zeros(2))
     sW = np.full(_SPEED_N, 0.5)
     best = None
-    every = max(_blas_threads_outer) if _blas_threads_outer else None   # (inside a fit that held one)
     for threads in (None, 1):                              # all BLAS threads, then one
         t_chol = t_pass = np.inf
         with threadpool_limits(limits=every if threads is None else 1, user_api="blas"):
@@ -5268,7 +5272,7 @@ def _duration(s):
     return f"{s / 3600:.1f} h"
 
 
-def _fit_estimate(n, m, n_latent, method, optimize, runs, measure=None):
+def _fit_estimate(n, m, n_latent, method, optimize, runs, measure=None, every=None):
     """What a fit will take: ML-II (or EM-EP) on m of the n points, then the approximation at all n.
 
     n_latent: latent functions per point in one n x n block (multi-class Laplace factorises C
@@ -5278,6 +5282,7 @@ def _fit_estimate(n, m, n_latent, method, optimize, runs, measure=None):
     (_machine_speed, 0.05-0.3 s) only when the fit might be long: when at _ROUGH_SPEED it is
     expected to take more than _SLOW_FIT_SECONDS / _ROUGH_MARGIN; True, always (verbose fits).
     Without it the estimate is at _ROUGH_SPEED (measured False, threads None: left as they are).
+    every: _machine_speed's count of all BLAS threads.
     """
     kind = "laplace" if method == "laplace" else "ep"      # EM-EP's E-step is EP
     blocks, size = n_latent
@@ -5285,7 +5290,7 @@ def _fit_estimate(n, m, n_latent, method, optimize, runs, measure=None):
         return None
     est = _estimate_at(n, m, blocks, size, kind, method, optimize, runs, _ROUGH_SPEED)
     if measure or (measure is None and est["seconds"] * _ROUGH_MARGIN >= _SLOW_FIT_SECONDS):
-        est = _estimate_at(n, m, blocks, size, kind, method, optimize, runs, _machine_speed())
+        est = _estimate_at(n, m, blocks, size, kind, method, optimize, runs, _machine_speed(every))
         est["measured"] = True
     return est
 
@@ -5311,9 +5316,12 @@ def _estimate_at(n, m, blocks, size, kind, method, optimize, runs, speed):
 
 class _FitThreads:
     """The BLAS threads of one large fit: limit(k) sets k for the rest of the fit (the faster
-    count measured by _machine_speed), and leaving the context gives back the count before."""
+    count measured by _machine_speed), and leaving the context gives back the count before.
+    outer: the BLAS threads before the fit held one (_blas_threads_for), the most it may set;
+    None when it held none (the count set now is the user's)."""
 
-    def __init__(self):
+    def __init__(self, outer=None):
+        self.outer = outer
         self.limits = None
         self.alarm = None
 
@@ -5654,7 +5662,9 @@ class GPClassifier:
     emep_ : the EMEPResult of em_ep, with the histories of log Z_EP and F.
     ml2_subset_ : the indices of the points ML-II was run on (max_ml2_n), or
         None for all of them.
-    result_ : the LaplaceMode, MultiLaplaceMode or EPResult at log_hyp_.
+    result_ : the LaplaceMode, MultiLaplaceMode or EPResult at log_hyp_ (multi-class
+        EP: from multiclass_ep_evidence, whose Sigma is empty, shape (0, 0), as the
+        predictions need only the sites and L; ep_multiclass forms it).
     G_ : multiclass_G(result_.E, result_.M), kept for the predictions
         (multi-class Laplace).
     ep_fold_ : _ep_predict_fold's (bc, T), the training side of the predictions
@@ -5815,7 +5825,7 @@ class GPClassifier:
         one type (str, int, bytes, ...), two or more classes. A second fit
         starts from a clean state.
         """
-        with _blas_threads_for([X]), _FitThreads() as threads:   # ML-II's own numpy between gpclab's calls too
+        with _blas_threads_for([X]) as held, _FitThreads(held.outer) as threads:   # ML-II's own numpy too
             return self._fit(X, y, threads)
 
     def _fit(self, X, y, threads=None):
@@ -6027,7 +6037,9 @@ class GPClassifier:
         for the fit (threads, a _FitThreads). Returns the _FitMonitor of the fit."""
         blocks = (C, 1) if multiclass and method == "laplace" else (1, C - 1) if multiclass else (1, 1)
         runs = 1 + int(self.n_restarts)
-        est = _fit_estimate(n, m, blocks, method, bool(self.optimize), runs, True if self.verbose else None)
+        outer = threads.outer if threads is not None else None
+        est = _fit_estimate(n, m, blocks, method, bool(self.optimize), runs, True if self.verbose else None,
+                            outer)
         show = bool(self.verbose) if self.verbose is not None else (
             est is not None and est["seconds"] >= _SLOW_FIT_SECONDS)
         rounds = method == "emep" and bool(self.optimize)
@@ -6037,11 +6049,12 @@ class GPClassifier:
         monitor.optimize = bool(self.optimize)
         if threads is not None and show:
             threads.tick(monitor)
+        if (est is None or not est["measured"]) and outer is not None and outer > 1 and blocks[1] > 1 \
+                and blocks[1] * n >= _MC_EP_THREADS_FROM:
+            # multi-class EP's N x N sweeps on small X (which held one thread): the faster count,
+            # at most the user's
+            threads.limit(_machine_speed(outer)[2] or outer)
         if est is None:
-            if threads is not None and blocks[1] > 1 and blocks[1] * n >= _MC_EP_THREADS_FROM:
-                # multi-class EP's N x N sweeps: the faster count (all: those before fit held one)
-                k = _machine_speed()[2]
-                threads.limit(k if k is not None else max(_blas_threads_outer or [os.cpu_count() or 1]))
             return monitor
         what = ("EM-EP" if method == "emep" else "ML-II") if self.optimize else None
         on = f" on a random subset of {m}" if m < n else " on all n"
@@ -6068,6 +6081,8 @@ class GPClassifier:
                               f"{instead}")
         if threads is not None and est["threads"] is not None:
             threads.limit(est["threads"])
+        elif threads is not None and est["measured"] and outer is not None and outer > 1:
+            threads.limit(outer)            # all were faster, and the fit had held one (small X)
         if show:
             blas = "all BLAS threads" if est["threads"] is None else f"{est['threads']} BLAS thread"
             monitor.say(statement + (f" ({_gib(have)} available)" if have else "")
@@ -6327,8 +6342,9 @@ def multiclass_ep_evidence(X, Y, log_hyp, kernel="kg", sites=None, eval_gradient
     EP runs ep_multiclass's sweeps and convergence test, with Sigma formed afresh
     after each sweep of large site changes (above 1, relative), and returns log Z_EP
     of the sweep that passed the test (line 13's L, Sigma's diagonal and mu as
-    the rank-one updates left them: within 1e-10 of ep_multiclass's), without
-    forming Sigma again from the final sites (2 N^3 for N = n (J - 1)):
+    the rank-one updates left them: within 1e-10 of ep_multiclass's, 1e-7 at
+    extreme hyperparameters), without forming Sigma again from the final sites
+    (2 N^3 for N = n (J - 1)):
     result.Sigma is empty, shape (0, 0) (ep_multiclass returns it).
     """
     C = kernel_matrix.unchecked(kernel, X, X, log_hyp, discrete)
@@ -8431,7 +8447,6 @@ def _caused_by_interrupt(e):
 
 _BLAS_ONE_THREAD_BELOW = 1500    # arrays with every dimension below this: one BLAS thread
 _blas_libraries = []
-_blas_threads_outer = []         # the BLAS threads there were before _blas_threads_for held one
 # inside a fit whose BLAS threads _FitThreads.limit set (from _machine_speed): the calls it makes
 # keep them (multi-class EP's N x N sweeps at n = 214 and 6 classes are large work on small X)
 _fit_threads_set = contextvars.ContextVar("gpclab_fit_threads_set", default=False)
@@ -8450,6 +8465,7 @@ class _blas_threads_for:
         dims = [d for v in values for d in getattr(v, "shape", ())]      # arrays and DataFrames
         self.active = bool(dims) and max(dims) < _BLAS_ONE_THREAD_BELOW and not _fit_threads_set.get()
         self.before = None
+        self.outer = None            # the most threads there were when it held one
 
     def __enter__(self):
         if self.active:
@@ -8458,11 +8474,11 @@ class _blas_threads_for:
                 _blas_libraries.extend(c for c in ThreadpoolController().lib_controllers
                                        if c.user_api == "blas")
             self.before = [lib.get_num_threads() for lib in _blas_libraries]
-            if max(self.before, default=1) > 1:
-                _blas_threads_outer[:] = [max(self.before)]
+            self.outer = max(self.before, default=1)
             for lib, n in zip(_blas_libraries, self.before):
                 if n != 1:
                     lib.set_num_threads(1)
+        return self
 
     def __exit__(self, *exc):
         if self.before is not None:

@@ -40,7 +40,7 @@ def test_speed_is_measured_only_for_fits_that_might_be_long(monkeypatch):
     measured."""
     calls = []
 
-    def speed():
+    def speed(every=None):
         calls.append(1)
         return (1e-3, 1e-4, 1)
 
@@ -531,3 +531,50 @@ def test_max_ml2_n_with_emep_is_emep_on_the_subset():
     fixed = gpclab.GPClassifier(method="ep", kernel="kg", likelihood="step", log_hyp=plain.log_hyp_,
                                 optimize=False).fit(X, y)
     assert clf.log_marginal_likelihood_ == pytest.approx(fixed.log_marginal_likelihood_, rel=1e-9)
+
+
+def _blas_threads():
+    from threadpoolctl import threadpool_info
+    return max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+
+
+def _threads_in_the_ep(monkeypatch, fit):
+    """The BLAS threads while the fit's multi-class EP runs (the fit stopped there)."""
+    seen = []
+
+    def stop(*args, **kwargs):
+        seen.append(_blas_threads())
+        raise KeyboardInterrupt
+    monkeypatch.setattr(gpclab, "_ep_multiclass_run", stop)
+    with pytest.raises(KeyboardInterrupt):
+        fit()
+    return seen[0]
+
+
+@pytest.mark.parametrize("n", [400, 750])          # N = 800 (no estimate) and 1,500 (a rough one)
+def test_multiclass_ep_on_small_X_uses_the_threads_measured_faster_but_not_more_than_the_users(monkeypatch, n):
+    """Multi-class EP works on N = n (J - 1) latents: on small X (which holds one BLAS thread for
+    its calls) with N >= 800 the fit sets the count measured faster; a limit the user set
+    (threadpool_limits) is never exceeded; after the fit (here stopped by Ctrl-C) the count is
+    as before."""
+    from threadpoolctl import threadpool_limits
+
+    before = _blas_threads()
+    if before < 2:
+        pytest.skip("one BLAS thread on this machine")
+    r = np.random.default_rng(0)
+    X, y = r.standard_normal((n, 2)), r.integers(0, 3, n)
+    fit = gpclab.GPClassifier(method="ep", kernel="kg_iso", optimize=False,
+                              log_hyp=np.log([1.0, 1e-4, 1e-3, 1.0])).fit
+    monkeypatch.setattr(gpclab, "_machine_speed_cache", [(1e-3, 1e-4, None), float("inf")])  # all: faster
+    assert _threads_in_the_ep(monkeypatch, lambda: fit(X, y)) == before
+    assert _blas_threads() == before
+    monkeypatch.setattr(gpclab, "_machine_speed_cache", [(1e-3, 1e-4, 1), float("inf")])     # one: faster
+    assert _threads_in_the_ep(monkeypatch, lambda: fit(X, y)) == 1
+    monkeypatch.setattr(gpclab, "_machine_speed_cache", [(1e-3, 1e-4, None), float("inf")])
+    with threadpool_limits(1, user_api="blas"):
+        assert _threads_in_the_ep(monkeypatch, lambda: fit(X, y)) == 1
+        assert _blas_threads() == 1
+    assert _blas_threads() == before
+    small = r.standard_normal((60, 2)), r.integers(0, 3, 60)                  # N = 120: one thread
+    assert _threads_in_the_ep(monkeypatch, lambda: fit(*small)) == 1
