@@ -61,6 +61,15 @@ def test_counter_records_the_fit_and_restores_the_functions():
     before = len(c.calls)
     gpclab.GPClassifier(optimize=False).fit(X, y)
     assert len(c.calls) == before                              # nothing counted outside the block
+    # multi-class EP's fit runs ep_multiclass's body through the evidence: counted as ep_multiclass
+    X3, y3 = bench_floor.synthetic(30, classes=3)
+    run = gpclab._ep_multiclass_run
+    with bench_floor.Counter() as c:
+        m = gpclab.GPClassifier(method="ep", optimize=False).fit(X3, y3)
+    assert [name for name, *_ in c.calls] == ["ep_multiclass"]
+    name, shape, res, warm = c.calls[0]
+    assert shape == (30, 30) and res.nu_tilde.shape == (60,) and res.log_Z == m.log_marginal_likelihood_
+    assert gpclab._ep_multiclass_run is run
 
 
 def test_tables_show_ratio_skips_and_timeouts():
