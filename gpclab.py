@@ -4616,6 +4616,11 @@ def _column_spread(X, rows=200):
     64 rows: a tenth of the pairs.)"""
     X = np.asarray(X, dtype=float)
     sub = X[np.linspace(0, X.shape[0] - 1, min(X.shape[0], rows)).astype(int)]
+    # the result is a function of these rows alone: kept for the next call on the same rows (a fit
+    # checks X's range, then starts ML-II from the spreads: sonar's 60 inputs, 25 ms each time)
+    key = (sub.shape, sub.tobytes())
+    if key in _spread_cache:
+        return _spread_cache[key].copy()
     out = np.zeros(X.shape[1])
     if sub.shape[0] < 2:
         return out
@@ -4625,7 +4630,13 @@ def _column_spread(X, rows=200):
         dist[dist == 0] = np.nan                                # pairs of distinct values only
         dist[:, np.isnan(dist).all(axis=0)] = 0.0               # a constant input: spread 0
         out[m0:m0 + 64] = np.nanmedian(dist, axis=0)
+    if len(_spread_cache) >= 4:
+        _spread_cache.pop(next(iter(_spread_cache)))
+    _spread_cache[key] = out.copy()
     return out
+
+
+_spread_cache = {}    # _column_spread: the spreads of the last few row samples, by their bytes
 
 
 def _ard_log_w(X, r):
@@ -4675,7 +4686,7 @@ def data_log_hyp(kernel, X, y):
     return np.concatenate([[np.log(sf2), np.log(1.0 + b2), np.log(1e-3)], w])
 
 
-_MIXED_UNITS_ROWS = 64   # rows whose pairs _warn_mixed_units compares (a factor of 100 is not subtle)
+_MIXED_UNITS_ROWS = 64   # rows whose pairs _warn_mixed_units and _check_X_range compare (orders of magnitude)
 
 
 def _warn_mixed_units(X, kernel, discrete, where):
@@ -5136,7 +5147,7 @@ def _check_frame(X, where):
 def _check_X_range(X, where, spread=True):
     """X, whose squared distances float64 can hold: every |x| below 1e150 (else (x - x')^2
     overflows to inf). With spread, each varying column's spread (its median distance,
-    _column_spread) within 1e-50 to 1e50, so that the start and bounds of ML-II, which follow
+    _column_spread, over 64 rows; 200 for a column constant in those) within 1e-50 to 1e50, so that the start and bounds of ML-II, which follow
     it (log w_m = -2 log r_m, bounds +-20 about it), stay inside the +-300 that log_hyp allows
     (exp(600) is near float64's end). Raises a ValueError naming X otherwise."""
     big = np.abs(X) >= _X_ENTRY_LIMIT
@@ -5147,7 +5158,10 @@ def _check_X_range(X, where, spread=True):
                          "rescale X, e.g. with sklearn.preprocessing.StandardScaler")
     if not spread:
         return
-    r = _column_spread(X)
+    r = _column_spread(X, _MIXED_UNITS_ROWS)       # orders of magnitude: 64 rows (a tenth of the pairs)
+    rare = (r == 0) & (np.ptp(X, axis=0) > 0)        # constant in those rows only: ML-II's 200
+    if np.any(rare):
+        r = np.where(rare, _column_spread(X), r)
     out = (r > 0) & ((r < 1.0 / _X_SPREAD_LIMIT) | (r > _X_SPREAD_LIMIT))
     if np.any(out):
         j = int(np.argmax(out))

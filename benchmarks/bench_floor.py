@@ -370,6 +370,7 @@ def run_fit(fit, X, y, args):
     idx = np.searchsorted(classes, y)
     y_pm = np.where(idx == 1, 1.0, -1.0)
     out = {"evidence": None, "evaluations": None}
+    gpclab._spread_cache.clear()          # each fit measures its own checks of X, as a first fit on new data
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with Counter() as counter:
