@@ -4952,10 +4952,11 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
     hyp_prior, the scale (log t0 for 'kg', 'kg_iso', log v0 for 'ard', log sf
     for 'se') is held at its start value, which removes that flat direction
     (L-BFGS otherwise spends its steps along it). Multi-class EP (sweeps of
-    O((n (J - 1))^3)) runs to tol = (0.01 max |gradient|)^2 within [1e-9, 1e-5]:
-    the sites to a relative change below 1% of the gradient's largest entry (on
-    fgl, 146 sweeps in 33 evaluations instead of 200, the same optimum to 1e-3
-    nats). An evaluation whose warm
+    O((n (J - 1))^3)) runs to tol = (0.01 max |gradient|)^2 within [1e-9, 1e-5]
+    and below 0.01 ftol |log Z_EP| (EP's error must not fake L-BFGS-B's stopping
+    test): the sites to a relative change below 1% of the gradient's largest
+    entry (on fgl, 193 sweeps in 34 evaluations instead of 301, log Z_EP at the
+    optimum within 3e-4 nats). An evaluation whose warm
     start fails (not finite, or EP or Newton not converged) is done again
     from no sites or a zero mode, as GPML's infEP restarts.
     ftol: L-BFGS-B stops when a step raises the log evidence by less than
@@ -5150,8 +5151,9 @@ def _check_frame(X, where):
 def _check_X_range(X, where, spread=True):
     """X, whose squared distances float64 can hold: every |x| below 1e150 (else (x - x')^2
     overflows to inf). With spread, each varying column's spread (its median distance,
-    _column_spread, over 64 rows; 200 for a column constant in those) within 1e-50 to 1e50, so that the start and bounds of ML-II, which follow
-    it (log w_m = -2 log r_m, bounds +-20 about it), stay inside the +-300 that log_hyp allows
+    _column_spread, over 64 rows; 200 for a column constant in those) within 1e-50 to 1e50,
+    so that the start and bounds of ML-II, which follow it (log w_m = -2 log r_m, bounds +-20
+    about it), stay inside the +-300 that log_hyp allows
     (exp(600) is near float64's end). Raises a ValueError naming X otherwise."""
     big = np.abs(X) >= _X_ENTRY_LIMIT
     if np.any(big):
@@ -5236,8 +5238,9 @@ def _machine_speed(every=None):
     at _SPEED_N, the best of three, with one BLAS thread and with all of them: the threads of the
     faster. Measured once per process (again after _SPEED_FOR seconds: the load of a shared
     machine changes). every: the count of "all" (inside a fit that held one thread: the count
-    before it); None, the count set now. Two OpenBLAS threads are about twice as fast as one on an idle machine of
-    two cores, and several times slower when other processes hold the cores (NUMBA.md)."""
+    before it); None, the count set now. Two OpenBLAS threads are about twice as fast as one
+    on an idle machine of two cores, and several times slower when other processes hold the
+    cores (NUMBA.md)."""
     import time
 
     if _machine_speed_cache and time.monotonic() - _machine_speed_cache[-1] < _SPEED_FOR:
