@@ -4628,11 +4628,11 @@ def _column_spread(X, rows=200):
     if sub.shape[0] < 2:
         return out
     i, j = np.triu_indices(sub.shape[0], 1)
+    cols = np.ascontiguousarray(sub.T)                          # (d, rows): each input's values in a row
     for m0 in range(0, X.shape[1], 64):                        # 64 inputs at a time: 10 MB
-        dist = np.abs(sub[i, m0:m0 + 64] - sub[j, m0:m0 + 64])  # not pdist's sqrt of a square: 1e-300 stays
-        dist[dist == 0] = np.nan                                # pairs of distinct values only
-        dist[:, np.isnan(dist).all(axis=0)] = 0.0               # a constant input: spread 0
-        out[m0:m0 + 64] = np.nanmedian(dist, axis=0)
+        part = cols[m0:m0 + 64]                                  # not pdist's sqrt of a square: 1e-300 stays
+        dist = np.abs(np.take(part, i, axis=1) - np.take(part, j, axis=1))
+        out[m0:m0 + 64] = _median_of_positive(dist)            # pairs of distinct values only
     if len(_spread_cache) >= 4:
         _spread_cache.pop(next(iter(_spread_cache)))
     _spread_cache[key] = out.copy()
@@ -4640,6 +4640,19 @@ def _column_spread(X, rows=200):
 
 
 _spread_cache = {}    # _column_spread: the spreads of the last few row samples, by their bytes
+
+
+def _median_of_positive(D):
+    """The median of each row's positive entries of D (k, p), 0 for a row with none: numpy's
+    median of them (the mean of the middle two for an even count), from one sort of all rows
+    (np.nanmedian by columns runs a Python loop over them: sonar's 60, 3 ms)."""
+    positive = D > 0
+    S = np.sort(np.where(positive, D, np.inf), axis=1)        # the positive entries first, ascending
+    count = positive.sum(axis=1)
+    rows = np.arange(D.shape[0])
+    lo = S[rows, np.maximum(count - 1, 0) // 2]               # the middle one, or the lower of two
+    hi = S[rows, np.minimum(count // 2, S.shape[1] - 1)]
+    return np.where(count == 0, 0.0, np.where(count % 2 == 1, lo, (lo + hi) / 2.0))
 
 
 def _ard_log_w(X, r):

@@ -87,6 +87,25 @@ def test_start_and_bounds_follow_each_input():
     np.testing.assert_allclose(gpclab._column_spread(Z), [3.5, 3.5e6, 0.0])
 
 
+def test_column_spread_is_numpys_median_of_the_distinct_pairs():
+    """The spreads are taken from one sort of all columns; the reference is numpy's median of each
+    column's nonzero pair distances, column by column: odd and even counts, ties, repeated values,
+    constant columns, and a sample of 200 rows from more."""
+    rng = np.random.default_rng(3)
+    gpclab._spread_cache.clear()
+    for n, d in ((2, 3), (3, 4), (7, 5), (40, 70), (450, 6)):
+        X = np.round(rng.standard_normal((n, d)), 1) * rng.choice([1e-3, 1.0, 1e4], d)
+        X[:, 0] = 2.5                                             # constant
+        X[: n // 2, -1] = 1.0                                     # many ties
+        sub = X[np.linspace(0, n - 1, min(n, 200)).astype(int)]
+        i, j = np.triu_indices(sub.shape[0], 1)
+        want = []
+        for m in range(d):
+            dist = np.abs(sub[i, m] - sub[j, m])
+            want.append(np.median(dist[dist > 0]) if np.any(dist > 0) else 0.0)
+        np.testing.assert_array_equal(gpclab._column_spread(X), want)
+
+
 @pytest.mark.parametrize("kernel", ["se", "kg_iso"])
 def test_an_isotropic_kernel_on_inputs_in_different_units_warns(kernel):
     """One length-scale cannot serve inputs whose spreads differ 1e4 times: the fit says so and names
