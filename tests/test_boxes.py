@@ -190,9 +190,9 @@ STATEMENTS = {
 }
 HELPER_STATEMENTS = {                                             # (box, line, helper): regex
     ("3.3", 6, "_multiclass_E_M"): r"^L = _cholesky\(_form_B\(K\[c\], sD\)\)$",
-    ("3.3", 7, "_multiclass_E_M"): r"^E\[c\] = cholesky_inverse\(L\) \* np\.outer\(sD, sD\)$",
+    ("3.3", 7, "_multiclass_E_M"): r"^E\[c\] = _scaled_inverse\(L, sD\)$",
     ("3.3", 8, "_multiclass_E_M"): r"^z \+= half_log_det\(L\)$",
-    ("3.3", 10, "_multiclass_E_M"): r"^M = np\.linalg\.cholesky\(E_sum\)$",
+    ("3.3", 10, "_multiclass_E_M"): r"^M = _cholesky\(E_sum\)$",
     ("3.4", 10, "_M_solves"): r"^b = E\[c\] @ K_star\[c\]$",
     ("3.4", 11, "_M_solves"): r"^Mb\[c\] = solve_lower_matrix\(M, b\)$",
     ("3.4", 13, "_cross_dots"): r"^hh\[c, c2, j\] \+= Mb\[c, i, j\] \* Mb\[c2, i, j\]$",
