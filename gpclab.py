@@ -8618,6 +8618,24 @@ def _compile_spec(spec):
     return convert_scalar
 
 
+def _one_array_stays_one(given, converted):
+    """An array given for two arguments is passed on as one array after conversion, not as two
+    copies: kernel_matrix(kernel, X, X, ...) adds the latent noise of 'kg' and 'kg_iso' only when
+    X1 and X2 are the same array (k(X, X)), and a Fortran-ordered, integer, list or read-only X was
+    converted once for each argument."""
+    first = {}
+    for name, value in given.items():
+        if value is None or isinstance(value, (str, bytes, int, float, bool, np.generic)):
+            continue
+        if id(value) not in first:
+            first[id(value)] = name
+            continue
+        a, b = converted[first[id(value)]], converted[name]
+        if (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a is not b
+                and a.shape == b.shape and a.dtype == b.dtype):
+            converted[name] = a
+
+
 def _caused_by_interrupt(e):
     """Whether a KeyboardInterrupt stands anywhere in the chain of causes of exception e."""
     seen = set()
@@ -8796,8 +8814,10 @@ class PublicFunction:
         ctx = _Context(self.__name__)
         ctx.args = dict(bound.arguments)
         self._check_together(bound.arguments)
+        given = dict(bound.arguments)
         for name, check in self.specs.items():               # in the order of the spec
             bound.arguments[name] = ctx.args[name] = check(bound.arguments[name], name, ctx)
+        _one_array_stays_one(given, bound.arguments)
         if self.__name__ in _ALLOCATES:
             _check_allocation(_ALLOCATES[self.__name__], ctx)
         try:
@@ -8821,6 +8841,7 @@ class PublicFunction:
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
         a = bound.arguments
+        given = dict(a)
         self._check_together(a)
         shapes = {}
         for name, dims in self._dims.items():
@@ -8838,6 +8859,7 @@ class PublicFunction:
         for name in self._empty_fill:
             if a[name] is None:
                 a[name] = np.empty((0,) * len(self._dims[name]))
+        _one_array_stays_one(given, a)
         return self._run(bound)
 
     def _check_together(self, arguments):

@@ -703,3 +703,27 @@ def test_a_failed_factorisation_is_named_alike_by_the_face_and_the_python_layer(
     assert messages[0][1] == messages[1][1]
     assert messages[0][1].startswith("K must be positive semidefinite (a covariance matrix): its smallest "
                                      "eigenvalue is -80")
+
+
+@pytest.mark.parametrize("kernel", ["kg", "kg_iso"])
+def test_one_array_given_twice_stays_one_array(kernel):
+    """k(X, X) of 'kg' and 'kg_iso' carries the latent noise t2 on its diagonal because X1 and X2
+    are the same array; the checked call converts each argument, and an X that needs converting
+    (Fortran order, integers, a list, read-only) is converted once for both. Two arrays of equal
+    values are two arrays: no noise, as before."""
+    r = np.random.default_rng(4)
+    Xc = np.round(r.standard_normal((6, 2)) * 3)
+    h = np.log([1.0, 0.5, 0.25]) if kernel == "kg_iso" else np.log([1.0, 0.5, 0.25, 2.0, 0.5])
+    h = np.concatenate([h, [0.0]]) if kernel == "kg_iso" else h
+    want = gpclab.kernel_matrix(kernel, Xc, Xc, h)
+    plain = gpclab.kernel_matrix(kernel, Xc, Xc.copy(), h)
+    np.testing.assert_allclose(np.diag(want) - np.diag(plain), 0.25)            # t2 on the diagonal
+    ro = Xc.copy()
+    ro.flags.writeable = False
+    as_list = Xc.tolist()
+    strided = np.zeros((12, 2))
+    strided[::2] = Xc
+    for X in (np.asfortranarray(Xc), Xc.astype(int), as_list, ro, strided[::2]):
+        np.testing.assert_array_equal(gpclab.kernel_matrix(kernel, X, X, h), want)
+    np.testing.assert_array_equal(gpclab.kernel_matrix.unchecked(kernel, ro, ro, h, None), want)
+    np.testing.assert_array_equal(gpclab.kernel_matrix(kernel, Xc.tolist(), Xc.tolist(), h), plain)
