@@ -5385,9 +5385,8 @@ class _KeptHeap:
     n = 2,000) and 8% (n = 4,000) faster; peak resident memory 0.99 GB against 1.01 GB, and 0.86 GB
     against 0.81 GB (the copies).
 
-    Only for fits whose largest array has 8 MB or more (_KEEP_HEAP_FROM_BYTES: n x n at n = 1,000;
-    multi-class Laplace's C blocks, multi-class EP's n (J - 1) latents on a side), with glibc, and
-    when the user has not set glibc's malloc parameters (MALLOC_*_ variables, GLIBC_TUNABLES
+    Only for fits of large (at least _KEEP_HEAP_FROM_N rows: an n x n array of 8 MB), with glibc,
+    and when the user has not set glibc's malloc parameters (MALLOC_*_ variables, GLIBC_TUNABLES
     glibc.malloc.*): otherwise nothing is done. _KEEP_HEAP = False turns it off. A process forked
     during a fit starts with none in progress and the thresholds set back."""
 
@@ -5395,7 +5394,8 @@ class _KeptHeap:
     _depth = 0                   # contexts that kept the heap and are still open (threads, nested fits)
     _libc = False                # ctypes libc with mallopt and malloc_trim; None where there is none
 
-    def __init__(self):
+    def __init__(self, large=True):
+        self.large = large
         self.kept = self.last = False
 
     @classmethod
@@ -5421,20 +5421,18 @@ class _KeptHeap:
                 or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""))
 
     def __enter__(self):
-        return self
-
-    def keep(self, largest):
-        """Keep the heap from now on if the fit's largest array has `largest` bytes or more than
-        _KEEP_HEAP_FROM_BYTES (once per context; the fit knows its sizes once it has read y)."""
-        if (self.kept or largest < _KEEP_HEAP_FROM_BYTES or not _KEEP_HEAP or self._user_tuned()
-                or self._glibc() is None):
-            return
+        if not (_KEEP_HEAP and self.large) or self._user_tuned():
+            return self
+        libc = self._glibc()
+        if libc is None:
+            return self
         with _KeptHeap._lock:
             if _KeptHeap._depth == 0:
-                _KeptHeap._libc.mallopt(_M_MMAP_THRESHOLD, 2 ** 31 - 1)
-                _KeptHeap._libc.mallopt(_M_TRIM_THRESHOLD, 2 ** 31 - 1)
+                libc.mallopt(_M_MMAP_THRESHOLD, 2 ** 31 - 1)
+                libc.mallopt(_M_TRIM_THRESHOLD, 2 ** 31 - 1)
             _KeptHeap._depth += 1
             self.kept = True
+        return self
 
     def __exit__(self, exc_type, *exc):
         if not self.kept:
@@ -5488,8 +5486,8 @@ def _rehomed(value):
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_KeptHeap._after_fork_in_child)
 
-_KEEP_HEAP = True                      # GPClassifier.fit of large arrays inside _KeptHeap
-_KEEP_HEAP_FROM_BYTES = 8e6            # ... from a largest array of this size (n x n at n = 1,000)
+_KEEP_HEAP = True                      # GPClassifier.fit of large n inside _KeptHeap
+_KEEP_HEAP_FROM_N = 1000               # ... from this many rows
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3      # glibc's mallopt parameters (malloc.h)
 
 
@@ -6004,12 +6002,17 @@ class GPClassifier:
         one type (str, int, bytes, ...), two or more classes. A second fit
         starts from a clean state.
         """
-        with _blas_threads_for([X]) as held, _FitThreads(held.outer) as threads, _KeptHeap() as heap:
-            self._fit(X, y, threads, heap)                   # (ML-II's own numpy also on those threads)
+        try:                                                 # (X is checked in _fit)
+            rows = int(X.shape[0]) if hasattr(X, "shape") else len(X)
+        except Exception:
+            rows = 0
+        heap = _KeptHeap(large=rows >= _KEEP_HEAP_FROM_N)
+        with _blas_threads_for([X]) as held, _FitThreads(held.outer) as threads, heap:
+            self._fit(X, y, threads)                         # (ML-II's own numpy also on those threads)
         heap.give_back(self)
         return self
 
-    def _fit(self, X, y, threads=None, heap=None):
+    def _fit(self, X, y, threads=None):
         from sklearn.utils.validation import validate_data
 
         for key in [k for k in vars(self) if k.endswith("_") and not k.startswith("_")]:
@@ -6052,10 +6055,6 @@ class GPClassifier:
         discrete = _named_errors("GPClassifier.fit", discrete_flags, self.discrete, d)
         _warn_mixed_units(X, kernel, discrete, "GPClassifier.fit")
         per_class = multiclass and method == "laplace" and not self.shared_hyp
-        if heap is not None:     # the largest array: n x n, C of them for multi-class Laplace, N x N for EP's N latents
-            n_rows = X.shape[0]
-            heap.keep(8.0 * (C * n_rows ** 2 if multiclass and method == "laplace"
-                             else (n_rows * (C - 1)) ** 2 if multiclass else n_rows ** 2))
         y_t = one_hot(idx, C) if multiclass else np.where(idx == 1, 1.0, -1.0)
         rng, seed = self._random()
         n = X.shape[0]

@@ -603,10 +603,10 @@ GIVE_BACK = RESTORE + [("malloc_trim", 0)]
 
 @pytest.fixture
 def fake_libc(monkeypatch):
-    """_KeptHeap on a recording libc, for every fit, with no user malloc settings."""
+    """_KeptHeap on a recording libc, for fits of 10 rows or more, with no user malloc settings."""
     fake = _FakeLibc()
     monkeypatch.setattr(gpclab._KeptHeap, "_libc", fake)
-    monkeypatch.setattr(gpclab, "_KEEP_HEAP_FROM_BYTES", 1)
+    monkeypatch.setattr(gpclab, "_KEEP_HEAP_FROM_N", 10)
     for k in [k for k in os.environ if k.startswith("MALLOC_")] + ["GLIBC_TUNABLES"]:
         monkeypatch.delenv(k, raising=False)
     return fake
@@ -614,8 +614,7 @@ def fake_libc(monkeypatch):
 
 def test_the_heap_is_kept_during_a_fit_and_given_back_after_it_however_it_ends(fake_libc, monkeypatch):
     """glibc keeps freed memory while a large fit runs and gets its thresholds back, with the free
-    memory returned, when the fit ends: normally, by an error after it started keeping (a label
-    type mixed in y), or by Ctrl-C. A fit refused before it knows its size (NaN in X) keeps nothing."""
+    memory returned, when the fit ends: normally, by a ValueError, or by Ctrl-C."""
     fake = fake_libc
     X, y = problem(40)
     gpclab.GPClassifier(optimize=False).fit(X, y)
@@ -623,14 +622,10 @@ def test_the_heap_is_kept_during_a_fit_and_given_back_after_it_however_it_ends(f
     fake.calls.clear()
     with pytest.raises(ValueError, match="X"):
         gpclab.GPClassifier().fit(np.full((40, 2), np.nan), y)
-    assert fake.calls == [] and gpclab._KeptHeap._depth == 0
-    with pytest.raises(ValueError, match="log_hyp"):
-        gpclab.GPClassifier(log_hyp=[0.0, 0.0, 0.0], optimize=False).fit(X, y)
     assert fake.calls == KEEP + GIVE_BACK and gpclab._KeptHeap._depth == 0
     fake.calls.clear()
 
-    def interrupted(self, X, y, threads=None, heap=None):
-        heap.keep(1e9)
+    def interrupted(self, X, y, threads=None):
         assert gpclab._KeptHeap._depth == 1 and fake.calls == KEEP
         raise KeyboardInterrupt
 
@@ -642,21 +637,11 @@ def test_the_heap_is_kept_during_a_fit_and_given_back_after_it_however_it_ends(f
 
 def test_the_heap_is_left_alone_for_small_fits_when_turned_off_and_when_the_user_set_it(fake_libc,
                                                                                         monkeypatch):
-    """The size is the fit's largest array: n x n, multi-class Laplace's C blocks (C, n, n), multi-class
-    EP's N x N for its N = n (J - 1) latents."""
     fake = fake_libc
     X, y = problem(40)
-    y3 = np.array(["a", "b", "c"])[np.arange(40) % 3]
-    monkeypatch.setattr(gpclab, "_KEEP_HEAP_FROM_BYTES", 8 * 60 ** 2)
-    gpclab.GPClassifier(optimize=False).fit(X, y)                # 40 x 40: small
-    assert fake.calls == []
-    gpclab.GPClassifier(optimize=False).fit(X, y3)               # (3, 40, 40): 4,800 numbers
-    assert fake.calls == KEEP + GIVE_BACK
-    fake.calls.clear()
-    gpclab.GPClassifier(method="ep", optimize=False).fit(X, y3)  # 80 latents: 80 x 80
-    assert fake.calls == KEEP + GIVE_BACK
-    fake.calls.clear()
-    monkeypatch.setattr(gpclab, "_KEEP_HEAP_FROM_BYTES", 1)
+    monkeypatch.setattr(gpclab, "_KEEP_HEAP_FROM_N", 41)
+    gpclab.GPClassifier(optimize=False).fit(X, y)                # 40 rows: small
+    monkeypatch.setattr(gpclab, "_KEEP_HEAP_FROM_N", 10)
     monkeypatch.setattr(gpclab, "_KEEP_HEAP", False)
     gpclab.GPClassifier(optimize=False).fit(X, y)                # turned off
     monkeypatch.setattr(gpclab, "_KEEP_HEAP", True)
@@ -676,11 +661,8 @@ def test_the_heap_is_given_back_when_the_last_of_several_fits_ends(fake_libc, mo
 
     fake = fake_libc
     with gpclab._KeptHeap() as outer:
-        outer.keep(1e9)
-        outer.keep(1e9)                                          # once per context
         with gpclab._KeptHeap() as inner:
-            inner.keep(1e9)
-            assert fake.calls == KEEP and gpclab._KeptHeap._depth == 2
+            assert fake.calls == KEEP
         inner.give_back(None)                                    # not the last: nothing
         assert fake.calls == KEEP
     assert fake.calls == KEEP + RESTORE
@@ -690,11 +672,10 @@ def test_the_heap_is_given_back_when_the_last_of_several_fits_ends(fake_libc, mo
     started, go = threading.Barrier(2), threading.Event()
     original = gpclab.GPClassifier._fit
 
-    def slow_fit(self, X, y, threads=None, heap=None):
-        heap.keep(1e9)
+    def slow_fit(self, X, y, threads=None):
         started.wait(timeout=10)                   # both fits inside the context at once
         go.wait(timeout=10)
-        return original(self, X, y, threads, heap)
+        return original(self, X, y, threads)
 
     monkeypatch.setattr(gpclab.GPClassifier, "_fit", slow_fit)
     X, y = problem(30)
@@ -722,15 +703,13 @@ def test_a_process_forked_during_a_fit_starts_with_the_heap_given_back(fake_libc
     """A fork while a fit keeps the heap (a fork Pool from another thread): the child has no fit in
     progress, its own lock, and the thresholds set back, so its own fits set and restore them."""
     fake = fake_libc
-    with gpclab._KeptHeap() as parent:
-        parent.keep(1e9)
+    with gpclab._KeptHeap():
         gpclab._KeptHeap._lock.acquire()           # as if the parent were inside the lock
         pid = os.fork()
         if pid == 0:                               # the child
             ok = (gpclab._KeptHeap._depth == 0 and not gpclab._KeptHeap._lock.locked()
                   and fake.calls == KEEP + RESTORE)
-            with gpclab._KeptHeap() as child:
-                child.keep(1e9)
+            with gpclab._KeptHeap():
                 ok = ok and fake.calls == KEEP + RESTORE + KEEP
             os._exit(0 if ok and fake.calls == KEEP + RESTORE + KEEP + RESTORE else 1)
         gpclab._KeptHeap._lock.release()
