@@ -5368,7 +5368,7 @@ def _estimate_at(n, m, blocks, size, kind, method, optimize, runs, speed):
 
 
 class _KeptHeap:
-    """While a large fit runs, freed memory stays in the process for the next array of its size.
+    """While a fit runs, freed memory stays in the process for the next array of its size.
 
     numba's arrays come from malloc, which gives each large one (glibc: above 128 KB to 32 MB) its
     own fresh pages and returns them at free, so every n x n array a Newton step or an EP run forms
@@ -5376,27 +5376,16 @@ class _KeptHeap:
     460 ms of one multi-class Laplace step at n = 2,000 (numpy's own large arrays take huge pages
     and pay a tenth). Inside the context glibc keeps them: mallopt's M_MMAP_THRESHOLD and
     M_TRIM_THRESHOLD at 2 GB, so arrays up to 2 GB come from the heap and freed ones are reused
-    without faults. When the outermost context is left (also by an exception or Ctrl-C) the
-    thresholds are set to 32 MB and 64 MB, the values glibc's own adaptive rule reaches in a process
-    that has freed a large array; then give_back(model) moves the fitted model's arrays of 32 MB or
-    more out of the heap (a copy each: mapped memory of their own, returned when the model is
-    dropped) and malloc_trim(0) returns the free memory to the system. The fit's numbers do not
-    change (the same arithmetic on other addresses). Measured: fits 20% (multi-class, J = 3,
-    n = 2,000) and 8% (n = 4,000) faster; peak resident memory 0.99 GB against 1.01 GB, and 0.86 GB
-    against 0.81 GB (the copies).
-
-    Only for fits of large (at least _KEEP_HEAP_FROM_N rows: an n x n array of 8 MB), with glibc,
-    and when the user has not set glibc's malloc parameters (MALLOC_*_ variables, GLIBC_TUNABLES
-    glibc.malloc.*): otherwise nothing is done. _KEEP_HEAP = False turns it off. A process forked
-    during a fit starts with none in progress and the thresholds set back."""
+    without faults. On leaving the outermost context (also by an exception or Ctrl-C) the
+    thresholds are set to 32 MB and 64 MB, the values glibc's own adaptive rule reaches in a
+    process that has freed a large array, and malloc_trim(0) gives the free memory back to the
+    system. The fit's numbers do not change (the same arithmetic on other addresses); its peak
+    memory does not grow (measured: the same maximum RSS at n = 2,000 and 4,000). Anything but
+    glibc (macOS, Windows, musl): nothing is done. _KEEP_HEAP = False turns it off."""
 
     _lock = __import__("threading").Lock()
-    _depth = 0                   # contexts that kept the heap and are still open (threads, nested fits)
+    _depth = 0                   # fits inside the context now (threads, nested fits)
     _libc = False                # ctypes libc with mallopt and malloc_trim; None where there is none
-
-    def __init__(self, large=True):
-        self.large = large
-        self.kept = self.last = False
 
     @classmethod
     def _glibc(cls):
@@ -5414,80 +5403,27 @@ class _KeptHeap:
                 pass
         return cls._libc
 
-    @staticmethod
-    def _user_tuned():
-        """True if the user set glibc's malloc parameters for this process: theirs are kept."""
-        return (any(k.startswith("MALLOC_") and k.endswith("_") for k in os.environ)
-                or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""))
-
     def __enter__(self):
-        if not (_KEEP_HEAP and self.large) or self._user_tuned():
-            return self
-        libc = self._glibc()
-        if libc is None:
-            return self
         with _KeptHeap._lock:
-            if _KeptHeap._depth == 0:
+            libc = self._glibc() if _KEEP_HEAP else None
+            if _KeptHeap._depth == 0 and libc is not None:
                 libc.mallopt(_M_MMAP_THRESHOLD, 2 ** 31 - 1)
                 libc.mallopt(_M_TRIM_THRESHOLD, 2 ** 31 - 1)
             _KeptHeap._depth += 1
-            self.kept = True
         return self
 
-    def __exit__(self, exc_type, *exc):
-        if not self.kept:
-            return False
+    def __exit__(self, *exc):
         with _KeptHeap._lock:
             _KeptHeap._depth -= 1
-            self.last = _KeptHeap._depth == 0
-            if self.last:
-                _KeptHeap._restore()
-        if self.last and exc_type is not None:
-            _KeptHeap._libc.malloc_trim(0)          # the fit failed: only its freed memory to return
+            libc = _KeptHeap._libc
+            if _KeptHeap._depth == 0 and libc:
+                libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
+                libc.mallopt(_M_TRIM_THRESHOLD, 64 << 20)
+                libc.malloc_trim(0)
         return False
 
-    def give_back(self, model):
-        """After a fit that ended normally: the model's arrays of 32 MB or more into memory of their
-        own, then the free memory to the system (outside the lock: it can take a while on a large,
-        fragmented heap)."""
-        if self.last:
-            for key, value in vars(model).items():
-                setattr(model, key, _rehomed(value))
-            _KeptHeap._libc.malloc_trim(0)
 
-    @staticmethod
-    def _restore():
-        _KeptHeap._libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
-        _KeptHeap._libc.mallopt(_M_TRIM_THRESHOLD, 64 << 20)
-
-    @staticmethod
-    def _after_fork_in_child():
-        """The child of a fork runs none of the parent's fits: a lock of its own, no context open."""
-        _KeptHeap._lock = __import__("threading").Lock()
-        if _KeptHeap._depth:
-            _KeptHeap._depth = 0
-            _KeptHeap._restore()
-
-
-def _rehomed(value):
-    """value with each ndarray of 32 MB or more, also inside tuples (result_, emep_, ep_fold_),
-    copied: a fresh allocation above glibc's mmap threshold, with memory of its own."""
-    if isinstance(value, np.ndarray):
-        own = not isinstance(value.base, np.ndarray)        # numba's arrays: owned by a MemInfo
-        return value.copy() if value.nbytes >= 32 << 20 and own else value
-    if isinstance(value, tuple):
-        fields = [_rehomed(v) for v in value]
-        if all(a is b for a, b in zip(fields, value)):
-            return value
-        return type(value)._make(fields) if hasattr(value, "_fields") else tuple(fields)
-    return value
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_KeptHeap._after_fork_in_child)
-
-_KEEP_HEAP = True                      # GPClassifier.fit of large n inside _KeptHeap
-_KEEP_HEAP_FROM_N = 1000               # ... from this many rows
+_KEEP_HEAP = True                      # GPClassifier.fit inside _KeptHeap
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3      # glibc's mallopt parameters (malloc.h)
 
 
@@ -6002,15 +5938,8 @@ class GPClassifier:
         one type (str, int, bytes, ...), two or more classes. A second fit
         starts from a clean state.
         """
-        try:                                                 # (X is checked in _fit)
-            rows = int(X.shape[0]) if hasattr(X, "shape") else len(X)
-        except Exception:
-            rows = 0
-        heap = _KeptHeap(large=rows >= _KEEP_HEAP_FROM_N)
-        with _blas_threads_for([X]) as held, _FitThreads(held.outer) as threads, heap:
-            self._fit(X, y, threads)                         # (ML-II's own numpy also on those threads)
-        heap.give_back(self)
-        return self
+        with _blas_threads_for([X]) as held, _FitThreads(held.outer) as threads, _KeptHeap():
+            return self._fit(X, y, threads)                  # (ML-II's own numpy also on those threads)
 
     def _fit(self, X, y, threads=None):
         from sklearn.utils.validation import validate_data

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-import types
 import warnings
 
 import numpy as np
@@ -597,25 +596,14 @@ class _FakeLibc:
 
 
 KEEP = [("mallopt", -3, 2 ** 31 - 1), ("mallopt", -1, 2 ** 31 - 1)]
-RESTORE = [("mallopt", -3, 32 << 20), ("mallopt", -1, 64 << 20)]
-GIVE_BACK = RESTORE + [("malloc_trim", 0)]
+GIVE_BACK = [("mallopt", -3, 32 << 20), ("mallopt", -1, 64 << 20), ("malloc_trim", 0)]
 
 
-@pytest.fixture
-def fake_libc(monkeypatch):
-    """_KeptHeap on a recording libc, for fits of 10 rows or more, with no user malloc settings."""
+def test_the_heap_is_kept_during_a_fit_and_given_back_after_it_however_it_ends(monkeypatch):
+    """glibc keeps freed memory while a fit runs and gets its thresholds back, with the free memory
+    returned, when the fit ends: normally, by a ValueError, or by Ctrl-C."""
     fake = _FakeLibc()
     monkeypatch.setattr(gpclab._KeptHeap, "_libc", fake)
-    monkeypatch.setattr(gpclab, "_KEEP_HEAP_FROM_N", 10)
-    for k in [k for k in os.environ if k.startswith("MALLOC_")] + ["GLIBC_TUNABLES"]:
-        monkeypatch.delenv(k, raising=False)
-    return fake
-
-
-def test_the_heap_is_kept_during_a_fit_and_given_back_after_it_however_it_ends(fake_libc, monkeypatch):
-    """glibc keeps freed memory while a large fit runs and gets its thresholds back, with the free
-    memory returned, when the fit ends: normally, by a ValueError, or by Ctrl-C."""
-    fake = fake_libc
     X, y = problem(40)
     gpclab.GPClassifier(optimize=False).fit(X, y)
     assert fake.calls == KEEP + GIVE_BACK and gpclab._KeptHeap._depth == 0
@@ -635,38 +623,17 @@ def test_the_heap_is_kept_during_a_fit_and_given_back_after_it_however_it_ends(f
     assert fake.calls == KEEP + GIVE_BACK and gpclab._KeptHeap._depth == 0
 
 
-def test_the_heap_is_left_alone_for_small_fits_when_turned_off_and_when_the_user_set_it(fake_libc,
-                                                                                        monkeypatch):
-    fake = fake_libc
-    X, y = problem(40)
-    monkeypatch.setattr(gpclab, "_KEEP_HEAP_FROM_N", 41)
-    gpclab.GPClassifier(optimize=False).fit(X, y)                # 40 rows: small
-    monkeypatch.setattr(gpclab, "_KEEP_HEAP_FROM_N", 10)
-    monkeypatch.setattr(gpclab, "_KEEP_HEAP", False)
-    gpclab.GPClassifier(optimize=False).fit(X, y)                # turned off
-    monkeypatch.setattr(gpclab, "_KEEP_HEAP", True)
-    for name, value in (("MALLOC_TRIM_THRESHOLD_", "131072"), ("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")):
-        monkeypatch.setenv(name, value)
-        gpclab.GPClassifier(optimize=False).fit(X, y)            # the user's own settings stay
-        monkeypatch.delenv(name)
-    assert fake.calls == [] and gpclab._KeptHeap._depth == 0
-    gpclab.GPClassifier(optimize=False).fit(X, y)
-    assert fake.calls == KEEP + GIVE_BACK
-
-
-def test_the_heap_is_given_back_when_the_last_of_several_fits_ends(fake_libc, monkeypatch):
+def test_the_heap_is_given_back_when_the_last_of_several_fits_ends(monkeypatch):
     """Fits in two threads at once, and a context inside a fit: the thresholds are set by the first
     to start and set back by the last to end, once each."""
     import threading
 
-    fake = fake_libc
-    with gpclab._KeptHeap() as outer:
-        with gpclab._KeptHeap() as inner:
+    fake = _FakeLibc()
+    monkeypatch.setattr(gpclab._KeptHeap, "_libc", fake)
+    with gpclab._KeptHeap():
+        with gpclab._KeptHeap():
             assert fake.calls == KEEP
-        inner.give_back(None)                                    # not the last: nothing
         assert fake.calls == KEEP
-    assert fake.calls == KEEP + RESTORE
-    outer.give_back(types.SimpleNamespace())
     assert fake.calls == KEEP + GIVE_BACK
     fake.calls.clear()
     started, go = threading.Barrier(2), threading.Event()
@@ -698,34 +665,12 @@ def test_the_heap_is_given_back_when_the_last_of_several_fits_ends(fake_libc, mo
     assert not errors and fake.calls == KEEP + GIVE_BACK and gpclab._KeptHeap._depth == 0
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
-def test_a_process_forked_during_a_fit_starts_with_the_heap_given_back(fake_libc):
-    """A fork while a fit keeps the heap (a fork Pool from another thread): the child has no fit in
-    progress, its own lock, and the thresholds set back, so its own fits set and restore them."""
-    fake = fake_libc
-    with gpclab._KeptHeap():
-        gpclab._KeptHeap._lock.acquire()           # as if the parent were inside the lock
-        pid = os.fork()
-        if pid == 0:                               # the child
-            ok = (gpclab._KeptHeap._depth == 0 and not gpclab._KeptHeap._lock.locked()
-                  and fake.calls == KEEP + RESTORE)
-            with gpclab._KeptHeap():
-                ok = ok and fake.calls == KEEP + RESTORE + KEEP
-            os._exit(0 if ok and fake.calls == KEEP + RESTORE + KEEP + RESTORE else 1)
-        gpclab._KeptHeap._lock.release()
-        _, status = os.waitpid(pid, 0)
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-    assert fake.calls == KEEP + RESTORE and gpclab._KeptHeap._depth == 0
-
-
-@pytest.mark.skipif(gpclab._KeptHeap._glibc() is None or gpclab._KeptHeap._user_tuned(),
-                    reason="glibc's own malloc settings")
+@pytest.mark.skipif(gpclab._KeptHeap._glibc() is None, reason="glibc only")
 def test_a_kept_heap_changes_no_number_and_keeps_no_memory(monkeypatch):
-    """With glibc's real mallopt: the same fit bit for bit with the heap kept and not; the memory of
-    a fit whose arrays went to the heap (n = 3,000: 72 MB each) is given back when the fit ends
-    (resident memory within 40 MB of where it was once the model is dropped; without malloc_trim
-    it stays 140 MB above), and a model's arrays are its own: dropping the first of two models
-    gives its memory back (without the copies out of the heap, nothing came back)."""
+    """With glibc's real mallopt: the same fit bit for bit with the heap kept and not, and the
+    memory of a fit whose arrays went to the heap (n = 3,000: 72 MB each) is given back when the
+    model is dropped (resident memory within 40 MB of where it was; without malloc_trim at the
+    end it stays 140 MB above)."""
     X, y = problem(3000, seed=2)
 
     def resident():
@@ -746,10 +691,3 @@ def test_a_kept_heap_changes_no_number_and_keeps_no_memory(monkeypatch):
     del on
     gc.collect()
     assert resident() < before + (40 << 20)
-    first = gpclab.GPClassifier(log_hyp=[0.0, 0.5], optimize=False).fit(X, y)
-    second = gpclab.GPClassifier(log_hyp=[0.3, 0.5], optimize=False).fit(X, y)
-    both = resident()
-    del first
-    gc.collect()
-    assert resident() < both - (60 << 20)
-    del second
