@@ -5367,66 +5367,6 @@ def _estimate_at(n, m, blocks, size, kind, method, optimize, runs, speed):
             "final_bytes": 8.0 * blocks * plain_arrays * (size * n) ** 2, "n": n, "m": m, "measured": False}
 
 
-class _KeptHeap:
-    """While a fit runs, freed memory stays in the process for the next array of its size.
-
-    numba's arrays come from malloc, which gives each large one (glibc: above 128 KB to 32 MB) its
-    own fresh pages and returns them at free, so every n x n array a Newton step or an EP run forms
-    pays the kernel's page faults again: in this development VM, 0.35 ms per MB, 100 ms of the
-    460 ms of one multi-class Laplace step at n = 2,000 (numpy's own large arrays take huge pages
-    and pay a tenth). Inside the context glibc keeps them: mallopt's M_MMAP_THRESHOLD and
-    M_TRIM_THRESHOLD at 2 GB, so arrays up to 2 GB come from the heap and freed ones are reused
-    without faults. On leaving the outermost context (also by an exception or Ctrl-C) the
-    thresholds are set to 32 MB and 64 MB, the values glibc's own adaptive rule reaches in a
-    process that has freed a large array, and malloc_trim(0) gives the free memory back to the
-    system. The fit's numbers do not change (the same arithmetic on other addresses); its peak
-    memory does not grow (measured: the same maximum RSS at n = 2,000 and 4,000). Anything but
-    glibc (macOS, Windows, musl): nothing is done. _KEEP_HEAP = False turns it off."""
-
-    _lock = __import__("threading").Lock()
-    _depth = 0                   # fits inside the context now (threads, nested fits)
-    _libc = False                # ctypes libc with mallopt and malloc_trim; None where there is none
-
-    @classmethod
-    def _glibc(cls):
-        if cls._libc is False:
-            import ctypes
-            import platform
-
-            cls._libc = None
-            try:
-                if platform.libc_ver()[0] == "glibc":
-                    libc = ctypes.CDLL(None)
-                    if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim"):
-                        cls._libc = libc
-            except OSError:
-                pass
-        return cls._libc
-
-    def __enter__(self):
-        with _KeptHeap._lock:
-            libc = self._glibc() if _KEEP_HEAP else None
-            if _KeptHeap._depth == 0 and libc is not None:
-                libc.mallopt(_M_MMAP_THRESHOLD, 2 ** 31 - 1)
-                libc.mallopt(_M_TRIM_THRESHOLD, 2 ** 31 - 1)
-            _KeptHeap._depth += 1
-        return self
-
-    def __exit__(self, *exc):
-        with _KeptHeap._lock:
-            _KeptHeap._depth -= 1
-            libc = _KeptHeap._libc
-            if _KeptHeap._depth == 0 and libc:
-                libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
-                libc.mallopt(_M_TRIM_THRESHOLD, 64 << 20)
-                libc.malloc_trim(0)
-        return False
-
-
-_KEEP_HEAP = True                      # GPClassifier.fit inside _KeptHeap
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3      # glibc's mallopt parameters (malloc.h)
-
-
 class _FitThreads:
     """The BLAS threads of one large fit: limit(k) sets k for the rest of the fit (the faster
     count measured by _machine_speed), and leaving the context gives back the count before.
@@ -5938,8 +5878,8 @@ class GPClassifier:
         one type (str, int, bytes, ...), two or more classes. A second fit
         starts from a clean state.
         """
-        with _blas_threads_for([X]) as held, _FitThreads(held.outer) as threads, _KeptHeap():
-            return self._fit(X, y, threads)                  # (ML-II's own numpy also on those threads)
+        with _blas_threads_for([X]) as held, _FitThreads(held.outer) as threads:   # ML-II's own numpy too
+            return self._fit(X, y, threads)
 
     def _fit(self, X, y, threads=None):
         from sklearn.utils.validation import validate_data
