@@ -92,3 +92,30 @@ def test_tables_show_ratio_skips_and_timeouts():
     rows = dict(bench_fits.rows_of("emep-sonar", rs, 600.0))
     assert rows["EM-EP time per fit"] == "> 600 s (1 of 2 timed out)"
     assert rows["EM-EP not converged"] == "0 of 1 folds"
+
+
+def test_a_fit_gpclassifier_refuses_is_a_skipped_row(monkeypatch, tmp_path, capsys):
+    """EM-EP at n = 4,000 run alone: GPClassifier refuses to start it (over 10 minutes); the run goes
+    on and the table has a skipped row with the estimate, where it used to stop with no table. Any
+    other RuntimeError still stops it."""
+    def refused(fit, X, y, args):
+        raise RuntimeError("GPClassifier.fit: n = 60, method 'emep': expected about 13 min on this machine "
+                           "(EM-EP on all n: about 20 rounds, 12 min); not started: EM-EP on all n would "
+                           "take over 10 min. Use max_ml2_n=1000")
+
+    monkeypatch.setattr(bench_floor, "warm_up", lambda *a: None)
+    monkeypatch.setattr(bench_floor, "run_fit", refused)
+    out = tmp_path / "floor.md"
+    bench_floor.main(["--n", "60", "--sets", "none", "--fits", "emep", "--no-reference", "--out", str(out)])
+    text = out.read_text()
+    assert "| EM-EP | synthetic | 60 | | skipped |" in text and "refused by GPClassifier" in text
+    assert "expected about 13 min" in text
+
+    def broken(fit, X, y, args):
+        raise RuntimeError("something else")
+
+    monkeypatch.setattr(bench_floor, "run_fit", broken)
+    import pytest
+
+    with pytest.raises(RuntimeError, match="something else"):
+        bench_floor.main(["--n", "60", "--sets", "none", "--fits", "emep", "--no-reference"])
