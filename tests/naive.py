@@ -299,15 +299,16 @@ def rank_one_updates(Sigma, columns, coefficients):
     return Sigma
 
 
-def ep_step(K, sweeps):
+def ep_step(K, sweeps, nu0=None, tau0=None):
     """EP with K&G's step sites H(g_a) (label +1, no noise) in natural order, the posterior
     recomputed by explicit inversion before every site (3.53-3.59 with the step's moments):
-    the dense reference of multi-class EP on the difference latents (K = Kg)."""
+    the dense reference of multi-class EP on the difference latents (K = Kg). From the sites
+    nu0, tau0 if given, else from zeros."""
     from scipy.stats import norm
 
     n = K.shape[0]
-    tau = np.zeros(n)
-    nu = np.zeros(n)
+    tau = np.zeros(n) if tau0 is None else np.array(tau0, dtype=float)
+    nu = np.zeros(n) if nu0 is None else np.array(nu0, dtype=float)
     Ki = np.linalg.inv(K)
     for _ in range(sweeps):
         for i in range(n):

@@ -469,6 +469,46 @@ def test_ep_multiclass_converges_to_the_dense_ep_fixed_point(J, n, seed):
     assert res.log_Z == pytest.approx(dense.log_Z, rel=1e-8)
 
 
+@pytest.mark.parametrize("J, n, seed, tol", [(3, 20, 7, 1e-6), (5, 14, 8, 1e-8), (4, 15, 2, 1e-8)])
+def test_ep_multiclass_stops_at_the_sweep_the_exact_log_Z_test_gives(J, n, seed, tol):
+    """Between refactorisations the sweeps take log det B along their rank-one updates (determinant
+    lemma), not from a new L. Their convergence test (sites within sqrt(tol), log Z_EP within tol of
+    the sweep before) must pass at the sweep where it passes with log Z_EP computed afresh, term by
+    term with explicit determinants (naive.ep_step, naive.ep_step_log_Z), after every sweep; in both
+    ep_multiclass and the evidence's lean run, cold and warm. A wrong log det (a sign, a missed
+    update) moves the change of log Z_EP by far more than tol and the stopping sweep with it."""
+    X, Y, h, C = _tiny_ep_problem(seed, J, n)
+    Kg = gpclab.difference_covariance(C, Y)
+
+    def exact_stop(nu0, tau0, K):
+        prev, log_Z_prev = (nu0, tau0), None
+        for k in range(1, 60):
+            nu, tau = naive.ep_step(K, k, nu0, tau0)[:2]
+            delta = max(np.max(np.abs(tau - prev[1]) / (1 + tau)), np.max(np.abs(nu - prev[0]) / (1 + np.abs(nu))))
+            log_Z = naive.ep_step_log_Z(K, nu, tau)
+            if log_Z_prev is not None and delta < np.sqrt(tol) and abs(log_Z - log_Z_prev) < tol:
+                return k
+            prev, log_Z_prev = (nu, tau), log_Z
+        raise AssertionError("the dense EP did not converge")
+
+    want = exact_stop(np.zeros(Kg.shape[0]), np.zeros(Kg.shape[0]), Kg)
+    assert want % gpclab._MC_REFRESH != 0                     # decided by the carried log det, not a refresh
+    res = gpclab.ep_multiclass(C, Y, None, None, tol, 100)
+    assert res.converged and res.n_sweeps == want
+    v, _, lean = gpclab.multiclass_ep_evidence(X, Y, h, "kg", None, False, None, tol)
+    assert lean.converged and lean.n_sweeps == want
+    assert v == pytest.approx(naive.ep_step_log_Z(Kg, lean.nu_tilde, lean.tau_tilde), abs=1e-9)
+    # warm: from these sites at other hyperparameters (log det B of the start from its L)
+    h2 = h + 0.1
+    C2 = gpclab.kernel_matrix("kg", X, X, h2)
+    Kg2 = gpclab.difference_covariance(C2, Y)
+    want2 = exact_stop(res.nu_tilde, res.tau_tilde, Kg2)
+    warm = gpclab.ep_multiclass(C2, Y, res.nu_tilde, res.tau_tilde, tol, 100)
+    assert warm.converged and warm.n_sweeps == want2 and want2 % gpclab._MC_REFRESH != 0
+    v2, _, lean2 = gpclab.multiclass_ep_evidence(X, Y, h2, "kg", (res.nu_tilde, res.tau_tilde), False, None, tol)
+    assert lean2.converged and lean2.n_sweeps == want2
+
+
 def test_ep_multiclass_warm_start_needs_fewer_sweeps_and_lands_on_the_same_sites():
     X, Y, h, C = _tiny_ep_problem(5, 5, 30)
     cold = gpclab.ep_multiclass(C, Y, None, None, 1e-10, 500)

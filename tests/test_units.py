@@ -7,6 +7,8 @@ kernel is the reference behaviour (its predictions moved by 1.5e-5 under (100, 0
 gpclab's, with one median distance for all inputs, moved by up to 0.83). benchmarks/bench_units.py
 prints the table of both.
 """
+import sys
+
 import numpy as np
 import pytest
 
@@ -125,3 +127,42 @@ def test_an_isotropic_kernel_on_inputs_in_different_units_warns(kernel):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         gpclab.GPClassifier(kernel="se", optimize=False, discrete=[2]).fit(Xd, y)
+
+
+def _vm_flags_at(address):
+    """The VmFlags of the mapping of this process that holds `address` (/proc/self/smaps)."""
+    start = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                start = lo <= address < hi
+            elif head == "VmFlags:" and start:
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise(MADV_HUGEPAGE) is Linux's")
+def test_large_arrays_of_a_fit_are_advised_huge_pages_and_small_ones_are_not():
+    """_empty (the n x n arrays of the fits) marks the 2 MB pages inside an array of 4 MB or more
+    MADV_HUGEPAGE ('hg' in the kernel's VmFlags of that memory, whether or not huge pages are
+    free), as numpy does its own; a smaller array is left alone; the arrays are ordinary arrays."""
+    from numba import njit
+
+    @njit
+    def two(n):
+        return gpclab._empty((n, n)), gpclab._copy(np.ones((n, n)))
+
+    big, copied = two(1100)                                  # 9.7 MB
+    assert big.shape == (1100, 1100) and big.flags.c_contiguous and big.dtype == np.float64
+    np.testing.assert_array_equal(copied, 1.0)
+    for a in (big, copied):
+        inside = (a.ctypes.data + 2**21 - 1) // 2**21 * 2**21 + 4096
+        assert "hg" in _vm_flags_at(inside)
+    small, _ = two(300)                                      # 0.7 MB: from the heap, not advised
+    assert "hg" not in _vm_flags_at(small.ctypes.data)
+    # a kernel matrix k(X, X) of 1,100 cases is one of them
+    X = np.random.default_rng(0).standard_normal((1100, 2))
+    K = gpclab.kernel_matrix.unchecked("se", X, X, np.zeros(2), None)
+    assert "hg" in _vm_flags_at((K.ctypes.data + 2**21 - 1) // 2**21 * 2**21)
