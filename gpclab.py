@@ -11,14 +11,14 @@ and the code's departures from the box beside the lines they concern.
 Contents: each box, its function, and the line of the function's ``def`` in this
 file (the last row: the line of BOXES, which show_box and its helpers follow;
 tests/test_boxes.py keeps these numbers true):
-    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 1178
-    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1245
-    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1462
-    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1726
-    GPML Algorithm 3.5  expectation propagation           ep                          line 2129
-    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2208
-    K&R Algorithm 3     annealed importance sampling      ais                         line 2716
-    the boxes as printed, errata, departures              BOXES, show_box             line 4068
+    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 1186
+    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1253
+    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1470
+    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1734
+    GPML Algorithm 3.5  expectation propagation           ep                          line 2137
+    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2216
+    K&R Algorithm 3     annealed importance sampling      ais                         line 2724
+    the boxes as printed, errata, departures              BOXES, show_box             line 4076
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
     GPML 3.3   covariance functions; the likelihoods (3.15, 3.16) and their one
@@ -1095,6 +1095,14 @@ def _empty(shape):
 
 
 @njit(cache=True)
+def _zeros(shape):
+    """np.zeros(shape) as an _empty array."""
+    A = _empty(shape)
+    A[:] = 0.0
+    return A
+
+
+@njit(cache=True)
 def _copy(A):
     """A C-ordered copy of the 2-d A in an _empty array (np.ascontiguousarray(A).copy())."""
     out = _empty(A.shape)
@@ -1420,8 +1428,8 @@ def _log_sum_exp(f):
 def _multiclass_E_M(K, pi):
     """E_c, sum_c z_c and M := cholesky(sum_c E_c): lines 5-10 of Algorithm 3.3, 3-7 of 3.4."""
     C, n = pi.shape                                           # for 3.3 line 5, 3.4 line 3: C classes, n cases
-    E = np.empty((C, n, n))                                   # the diagonal blocks E_c of E
-    E_sum = np.zeros((n, n))                                  # for 3.3 line 10, 3.4 line 7: E_sum := sum_c E_c
+    E = _empty((C, n, n))                                     # the diagonal blocks E_c of E
+    E_sum = _zeros((n, n))                                    # for 3.3 line 10, 3.4 line 7: E_sum := sum_c E_c
     z = 0.0
     for c in range(C):                                        # 3.3 line 5, 3.4 line 3: for c := 1..C
         sD = np.sqrt(pi[c])                                   # for 3.3 line 6, 3.4 line 4: sD := D_c^1/2, (n,)
@@ -1566,7 +1574,7 @@ def multiclass_G(E, M):
     """G_c = M \\ E_c for each class (C, n, n): what Algorithm 3.4's lines 10-11 apply to
     k_*^c, precomputed for laplace_predict_multiclass (C n^3 / 2 multiply-adds)."""
     C, n = E.shape[0], E.shape[1]
-    G = np.empty((C, n, n))
+    G = _empty((C, n, n))
     for c in range(C):
         G[c] = solve_lower_matrix(M, E[c])
     return G
@@ -1618,7 +1626,7 @@ def _M_solves(E, M, G, K_star):
     """Mb[c] = M\\b_c and bTk[c] = b_c^T k_*^c with b_c = E_c k_*^c, for every class and test
     case, (C, n, m) and (C, m): lines 10-11 of Algorithm 3.4 and the b^T k_*^c of its line 15."""
     C, n, m = K_star.shape
-    Mb = np.empty((C, n, m))
+    Mb = _empty((C, n, m))
     bTk = np.empty((C, m))
     shared = _same_blocks(K_star)
     if shared and G is None and m > n:
@@ -1815,9 +1823,9 @@ def laplace_log_q_grad_multiclass(K, X, kernel, log_hyp, y, f_hat, a, E, M, disc
     g = y - pi                                                # grad log p(y|f_hat) = y - pi  (3.36)
     # blocks of A = K - K R K on the diagonal of each case: A^i_cc' =
     # delta_cc' (K_c - K_c E_c K_c)_ii + (G_c^T G_c')_ii, G_c = M\(E_c K_c)
-    G = np.empty((C, n, n))
+    G = _empty((C, n, n))
     diagA = np.empty((C, n))
-    Rcc = np.empty((C, n, n))                                 # diagonal blocks of R: E_c - E_c P E_c
+    Rcc = _empty((C, n, n))                                   # diagonal blocks of R: E_c - E_c P E_c
     for c in range(C):
         F = E[c] @ K[c]
         G[c] = solve_lower_matrix(M, F)
@@ -3548,7 +3556,7 @@ def _ep_predict_fold(nu_tilde, tau_tilde, C, y, L):
     # latents a of case i and b of case k; T[d, c] = T[c, d]^T, so only c >= d is formed, at
     # T[c (c + 1) / 2 + d] (_fold_add)
     R = _mirror_scaled(_potri_lower(L), sS)
-    T = np.zeros((J * (J + 1) // 2, n, n))
+    T = _zeros((J * (J + 1) // 2, n, n))
     for a in range(N):
         i, yi, j = case[a], yc[case[a]], cls[a]
         for e in range(N):
