@@ -1,5 +1,6 @@
 """ML-II on EP's evidence with K&G's step likelihood: the flat direction of (t0, t1, t2)."""
 import numpy as np
+import pytest
 from scipy.optimize import minimize
 
 import gpclab
@@ -56,3 +57,43 @@ def test_ep_default_stop_is_within_a_small_fraction_of_a_nat_of_the_polished_opt
         assert v_tight - 5e-3 < v <= v_tight + 1e-6, (kernel, v, v_tight)
         saved.append(res_tight.nfev - res.nfev)
     assert min(saved) >= 0 and max(saved) > 0, saved
+
+
+def test_ep_tolerance_follows_the_gradient_of_the_best_point_not_of_a_rejected_trial(monkeypatch):
+    """ml2 on EP runs EP to 1e-5 while the gradient is steep (an entry above 1) and to 1e-9 near the
+    optimum; the gradient that decides is that of the best point evaluated so far (where L-BFGS-B
+    steps from), so a line search's trial that came out worse leaves the tolerance as it was.
+    Checked at every evaluation of a run on which such a trial happens (the recorded tolerances
+    against the rule replayed on the recorded values), and that ml2 ends where the same L-BFGS-B
+    on EP at 1e-9 throughout ends, in no more evaluations."""
+    X, y = _problem()
+    h0 = np.array([1.0, 1.0])                               # far from the optimum: steep, then flat
+    seen = []
+    real = gpclab.evidence
+
+    def recording(X_, y_, log_hyp, kernel, likelihood, method, warm, eval_gradient, discrete, eps, tol):
+        out = real(X_, y_, log_hyp, kernel, likelihood, method, warm, eval_gradient, discrete, eps, tol)
+        seen.append((tol, out[0], np.max(np.abs(out[1]))))
+        return out
+
+    monkeypatch.setattr(gpclab, "evidence", recording)
+    h, v, res = gpclab.ml2(X, y, h0, "se", "probit", method="ep")
+    monkeypatch.undo()
+    best, want = -np.inf, 1e-9
+    rejected = 0
+    for tol, value, g_abs in seen:
+        assert tol == want
+        if value > best:
+            best, want = value, (1e-5 if g_abs > 1.0 else 1e-9)
+        else:
+            rejected += g_abs > 1.0 and want == 1e-9           # a steep trial that the last rule followed
+    assert rejected >= 1                                    # the case the rule is for happens here
+
+    def neg(x):
+        val, grad, _ = gpclab.ep_evidence(X, y, x, "se", tol=1e-9)
+        return -val, -grad
+
+    ref = minimize(neg, h0, jac=True, method="L-BFGS-B", bounds=gpclab.default_bounds("se", 2, X),
+                   options={"ftol": 1e-6})
+    assert v == pytest.approx(-ref.fun, abs=1e-4)
+    assert res.nfev <= ref.nfev
