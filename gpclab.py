@@ -11,14 +11,14 @@ and the code's departures from the box beside the lines they concern.
 Contents: each box, its function, and the line of the function's ``def`` in this
 file (the last row: the line of BOXES, which show_box and its helpers follow;
 tests/test_boxes.py keeps these numbers true):
-    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 1186
-    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1253
-    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1470
-    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1734
-    GPML Algorithm 3.5  expectation propagation           ep                          line 2143
-    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2222
-    K&R Algorithm 3     annealed importance sampling      ais                         line 2730
-    the boxes as printed, errata, departures              BOXES, show_box             line 4082
+    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 1187
+    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1254
+    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1471
+    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1735
+    GPML Algorithm 3.5  expectation propagation           ep                          line 2145
+    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2224
+    K&R Algorithm 3     annealed importance sampling      ais                         line 2732
+    the boxes as printed, errata, departures              BOXES, show_box             line 4084
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
     GPML 3.3   covariance functions; the likelihoods (3.15, 3.16) and their one
@@ -1084,7 +1084,8 @@ def _empty(shape):
     4 KB when first written (0.47 ms a MB measured here: 4 ms for each 1,070 x 1,070 array, a
     third of multi-class EP's warm start). Like numpy for its own arrays of 4 MB or more, the
     2 MB pages inside the array are marked MADV_HUGEPAGE (madvise): one fault every 2 MB. Only
-    this array's own pages are advised; malloc and every other allocation are left as they are."""
+    this array's own pages are advised, and malloc's settings are left as they are (memory that
+    malloc keeps after the array is freed stays advised, as numpy's does)."""
     A = np.empty(shape)
     nbytes = A.size * 8
     if _MADV_HUGEPAGE != 0 and nbytes >= _HUGE_MIN:
@@ -2016,9 +2017,10 @@ def _rank_one_update(Sigma, U, c, m, s, ci):
 
     The update is stored as pending update m (U[m] = s, c[m] = ci); when U is
     full they are applied together (_apply_pending: BLAS products, one pass
-    over Sigma instead of one for each rank-one update) and m starts again at 0. Until then _current_column gives the
-    columns of the updated Sigma. Same arithmetic as the plain update, which
-    is its test oracle (tests/naive.py); only the lower triangle is kept.
+    over Sigma instead of one for each rank-one update) and m starts again at
+    0. Until then _current_column gives the columns of the updated Sigma. Same
+    arithmetic as the plain update, which is its test oracle (tests/naive.py);
+    only the lower triangle is kept up to date.
     """
     U[m, :] = s
     c[m] = ci
@@ -4268,8 +4270,9 @@ BOXES = {
                "σ̂_i^−2 − τ_−i loses every digit for a well-classified site; τ̃_i is kept in "
                "[0, τ_max]. likelihood='step' uses K&G's site (K&G 20-21)",
             10: "the rank-one updates wait in U, c (m of them) and are applied together every 48 sites "
-                "(_EP_BLOCK) as BLAS products (_rank_one_update), to Σ's lower triangle only "
-                "(the upper one is filled at lines 13-15); s_i is read through the pending ones. So while "
+                "(_EP_BLOCK) as BLAS products (_rank_one_update), to Σ's lower triangle in strips of 192 "
+                "rows (the upper triangle inside each strip's diagonal block gets them too; the rest of it "
+                "is filled at lines 13-15); s_i is read through the pending ones. So while "
                 "stepping through ep.py_func, Σ holds the state of the last applied block (lower triangle "
                 "only; with n < 48, K for the whole first sweep), while s_i (column i) and μ are exact. "
                 "gpclab._EP_BLOCK = 1 before calling ep.py_func makes Σ's lower triangle follow every site "
@@ -5142,19 +5145,20 @@ def _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_p
                 monitor(x, -np.inf)
             return np.inf, np.zeros_like(x)
         g = pack_grad(g)
-        g_evidence = g
         if hyp_prior is not None:
             m, sd = hyp_prior
             v = v - 0.5 * np.sum(((x - m) / sd) ** 2) - x.size * np.log(sd * np.sqrt(2 * np.pi))
             g = g - (x - m) / sd ** 2
         # EP converged to 1e-5 (sites to 0.3%) while the gradient is steep, to 1e-9 near the optimum.
-        # The gradient that decides is that of the best point so far, from which L-BFGS-B takes its
-        # next step, not that of the last point evaluated: a line search's rejected trial (steep)
-        # would otherwise have EP run loosely at the next point, near the optimum, where the gradient
-        # is small (on sonar 3% of it wrong, and 24 evaluations instead of 21)
+        # The gradient that decides is L-BFGS-B's (with the prior's term) at the best point so far,
+        # from which it takes its next step, not that of the last point evaluated: a line search's
+        # rejected trial (steep) would otherwise have EP run loosely at the next point, near the
+        # optimum, where the gradient is small (on sonar 3% of it wrong, and 24 evaluations instead
+        # of 21). A gradient that is not finite counts as steep.
         if v > state["best"]:
             state["best"] = v
-            g_abs = np.max(np.abs(g_evidence))
+            g_abs = np.max(np.abs(g))
+            g_abs = g_abs if np.isfinite(g_abs) else np.inf
             if np.ndim(y) == 2 and method in ("ep", "emep"):
                 # multi-class EP (a sweep is N^3 for N = n (J - 1)): sites to a relative change below 1%
                 # of the gradient's largest entry, tol = (0.01 max |g|)^2, within [1e-9, 1e-5] and below

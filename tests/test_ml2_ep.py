@@ -59,41 +59,72 @@ def test_ep_default_stop_is_within_a_small_fraction_of_a_nat_of_the_polished_opt
     assert min(saved) >= 0 and max(saved) > 0, saved
 
 
-def test_ep_tolerance_follows_the_gradient_of_the_best_point_not_of_a_rejected_trial(monkeypatch):
+@pytest.mark.parametrize("prior", [None, (2.0, 0.1)])
+def test_ep_tolerance_follows_the_gradient_of_the_best_point_not_of_a_rejected_trial(monkeypatch, prior):
     """ml2 on EP runs EP to 1e-5 while the gradient is steep (an entry above 1) and to 1e-9 near the
     optimum; the gradient that decides is that of the best point evaluated so far (where L-BFGS-B
     steps from), so a line search's trial that came out worse leaves the tolerance as it was.
     Checked at every evaluation of a run on which such a trial happens (the recorded tolerances
-    against the rule replayed on the recorded values), and that ml2 ends where the same L-BFGS-B
-    on EP at 1e-9 throughout ends, in no more evaluations."""
+    against the rule replayed on the recorded values; a warm start that failed and was done again
+    from no sites counts once, with the result ml2 kept), and ml2 ends where L-BFGS-B on EP at 1e-9
+    throughout ends. With a prior on log_hyp the value and gradient are L-BFGS-B's, the prior's
+    terms added: at the maximum a posteriori the evidence's own gradient is not small (there
+    (x - m) / sd^2), and EP must still end at 1e-9. (Evaluations against the reference's:
+    bench_floor.py.)"""
     X, y = _problem()
     h0 = np.array([1.0, 1.0])                               # far from the optimum: steep, then flat
-    seen = []
+    calls = []
     real = gpclab.evidence
 
     def recording(X_, y_, log_hyp, kernel, likelihood, method, warm, eval_gradient, discrete, eps, tol):
         out = real(X_, y_, log_hyp, kernel, likelihood, method, warm, eval_gradient, discrete, eps, tol)
-        seen.append((tol, out[0], np.max(np.abs(out[1]))))
+        calls.append((log_hyp.tobytes(), warm is None, tol, out[0], np.max(np.abs(out[1])), out[2].converged))
+        return out
+
+    def penalised(x, value, grad):
+        if prior is None:
+            return value, np.max(np.abs(grad))
+        m, sd = prior
+        return value - 0.5 * np.sum(((x - m) / sd) ** 2), np.max(np.abs(grad - (x - m) / sd ** 2))
+
+    real_recording = recording
+
+    def recording(X_, y_, log_hyp, *rest):                  # noqa: F811 (value and gradient as L-BFGS-B sees them)
+        out = real_recording(X_, y_, log_hyp, *rest)
+        x, cold, tol, _, _, converged = calls[-1]
+        calls[-1] = (x, cold, tol, *penalised(log_hyp, out[0], out[1]), converged)
         return out
 
     monkeypatch.setattr(gpclab, "evidence", recording)
-    h, v, res = gpclab.ml2(X, y, h0, "se", "probit", method="ep")
+    h, v, res = gpclab.ml2(X, y, h0, "se", "probit", method="ep", hyp_prior=prior)
     monkeypatch.undo()
-    best, want = -np.inf, 1e-9
-    rejected = 0
-    for tol, value, g_abs in seen:
+    points = []                                             # (tol, value, max |gradient|) as ml2 kept them
+    for k, (x, cold, tol, value, g_abs, converged) in enumerate(calls):
+        retry = k > 0 and cold and calls[k - 1][0] == x and not calls[k - 1][1]
+        if retry:
+            _, _, tol0, v0, g0, conv0 = calls[k - 1]
+            assert tol == tol0                                  # the same tolerance for both tries
+            if np.isfinite(value) and (converged or not np.isfinite(v0)):
+                points[-1] = (tol, value, g_abs)
+            continue
+        points.append((tol, value, g_abs))
+    best, want, rejected = -np.inf, 1e-9, 0
+    for tol, value, g_abs in points:
         assert tol == want
         if value > best:
             best, want = value, (1e-5 if g_abs > 1.0 else 1e-9)
         else:
             rejected += g_abs > 1.0 and want == 1e-9           # a steep trial that the last rule followed
-    assert rejected >= 1                                    # the case the rule is for happens here
+    assert rejected >= 1 or prior is not None               # the case the rule is for happens here
+    assert points[-1][0] == 1e-9                            # near the optimum: EP to 1e-9
 
     def neg(x):
         val, grad, _ = gpclab.ep_evidence(X, y, x, "se", tol=1e-9)
-        return -val, -grad
+        val, grad = -val, -grad
+        if prior is not None:
+            val, grad = val + 0.5 * np.sum(((x - prior[0]) / prior[1]) ** 2), grad + (x - prior[0]) / prior[1] ** 2
+        return val, grad
 
     ref = minimize(neg, h0, jac=True, method="L-BFGS-B", bounds=gpclab.default_bounds("se", 2, X),
                    options={"ftol": 1e-6})
-    assert v == pytest.approx(-ref.fun, abs=1e-4)
-    assert res.nfev <= ref.nfev
+    assert neg(h)[0] == pytest.approx(ref.fun, abs=1e-4)        # the same objective at both ends

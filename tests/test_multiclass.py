@@ -509,6 +509,36 @@ def test_ep_multiclass_stops_at_the_sweep_the_exact_log_Z_test_gives(J, n, seed,
     assert lean2.converged and lean2.n_sweeps == want2
 
 
+def test_ep_multiclass_carries_log_det_B_through_its_sweeps(monkeypatch):
+    """The log det B that the sweeps carry along their rank-one updates (1 + d Sigma_ii for each
+    tau~_i += d) and hand to line 17 equals log det(I + S~^1/2 Kg S~^1/2) of that sweep's sites,
+    computed afresh (numpy's slogdet), after every sweep of a cold and of a warm run, in both modes,
+    to 1e-10 of its size."""
+    X, Y, h, C = _tiny_ep_problem(3, 4, 15)
+    Kg = gpclab.difference_covariance(C, Y)
+    seen, current = [], {}
+    real = gpclab._ep_log_Z
+
+    def recording(y, tau_tilde, nu_tilde, Sigma, mu, L, noise=1.0, eps=0.0, log_det_B=np.nan):
+        if not np.isnan(log_det_B):
+            seen.append((current["Kg"], tau_tilde.copy(), log_det_B))
+        return real(y, tau_tilde, nu_tilde, Sigma, mu, L, noise, eps, log_det_B)
+
+    monkeypatch.setattr(gpclab, "_ep_log_Z", recording)
+    sweeps = gpclab._ep_multiclass_sweeps.py_func            # plain Python: its globals are looked up per call
+    N = Kg.shape[0]
+    current["Kg"] = Kg
+    cold = sweeps(Kg, np.zeros(N), np.zeros(N), 1e-10, 30, False)
+    current["Kg"] = Kg2 = gpclab.difference_covariance(gpclab.kernel_matrix("kg", X, X, h + 0.2), Y)
+    sweeps(Kg2, cold[0], cold[1], 1e-10, 30, False)
+    sweeps(Kg2, cold[0], cold[1], 1e-10, 30, True)
+    assert len(seen) >= 20
+    for K, tau, carried in seen:
+        sS = np.sqrt(tau)
+        sign, exact = np.linalg.slogdet(np.eye(N) + sS[:, None] * K * sS[None, :])
+        assert sign > 0 and carried == pytest.approx(exact, rel=1e-10, abs=1e-10)
+
+
 def test_ep_multiclass_warm_start_needs_fewer_sweeps_and_lands_on_the_same_sites():
     X, Y, h, C = _tiny_ep_problem(5, 5, 30)
     cold = gpclab.ep_multiclass(C, Y, None, None, 1e-10, 500)
