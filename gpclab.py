@@ -11,14 +11,14 @@ and the code's departures from the box beside the lines they concern.
 Contents: each box, its function, and the line of the function's ``def`` in this
 file (the last row: the line of BOXES, which show_box and its helpers follow;
 tests/test_boxes.py keeps these numbers true):
-    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 1187
-    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1254
-    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1471
-    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1735
-    GPML Algorithm 3.5  expectation propagation           ep                          line 2145
-    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2224
-    K&R Algorithm 3     annealed importance sampling      ais                         line 2732
-    the boxes as printed, errata, departures              BOXES, show_box             line 4084
+    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 1209
+    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1276
+    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1493
+    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1757
+    GPML Algorithm 3.5  expectation propagation           ep                          line 2175
+    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2254
+    K&R Algorithm 3     annealed importance sampling      ais                         line 2762
+    the boxes as printed, errata, departures              BOXES, show_box             line 4114
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
     GPML 3.3   covariance functions; the likelihoods (3.15, 3.16) and their one
@@ -273,7 +273,7 @@ def kernel_matrix(kernel, X1, X2, log_hyp, discrete=None):
     n1, d = X1.shape
     n2 = X2.shape[0]
     disc = discrete != 0.0                                    # (d,) True where input m is discrete
-    K = _empty((n1, n2))
+    K = _empty(n1, n2)
     # the same array twice (K = k(X, X)): compute one triangle and mirror it
     symmetric = n1 == n2 and X1.ctypes.data == X2.ctypes.data
     if kernel == "se":
@@ -333,7 +333,7 @@ def kernel_grad(kernel, X, log_hyp, K, j, discrete=None):
     """dK/d log_hyp[j], shape (n, n), given K = kernel_matrix(kernel, X, X, log_hyp, discrete)."""
     n, d = X.shape
     disc = discrete != 0.0                                    # (d,) True where input m is discrete
-    dK = _empty((n, n))
+    dK = _empty(n, n)
     if kernel == "se":
         if j == 1:  # d/d log sf of sf^2 e(.) = 2 K
             for i in range(n):
@@ -799,7 +799,7 @@ def solve_lower_transpose(L, b):
 def solve_lower_matrix(L, B):
     """Solve L X = B for lower-triangular L (n, n) and B (n, m), by BLAS dtrsm."""
     n, m = B.shape
-    X = _copy(B)
+    X = _copy(np.ascontiguousarray(B))
     if n == 0 or m == 0:
         return X
     Lc = np.ascontiguousarray(L)
@@ -848,7 +848,7 @@ def syrk_lower(C, A, alpha):
 @njit(cache=True)
 def minus_gram(K, V):
     """K - V^T V for symmetric K (n, n) and V (k, n), by BLAS dsyrk (half a matrix product)."""
-    out = _copy(K)
+    out = _copy(np.ascontiguousarray(K))
     syrk_lower(out, V, -1.0)
     n = out.shape[0]
     for i in range(n):  # mirror the lower triangle
@@ -862,7 +862,7 @@ def _potri_lower(L):
     """The lower triangle of B^-1 from the Cholesky factor L of B = L L^T, by LAPACK dpotri
     (the upper triangle holds what L held there: zeros); in blocks above _BLOCKED_N."""
     n = L.shape[0]
-    A = _copy(L)
+    A = _copy(np.ascontiguousarray(L))
     if n == 0:
         return A
     if n > _BLOCKED_N:
@@ -1078,35 +1078,57 @@ LaplaceMode = namedtuple(
 
 
 @njit(cache=True)
-def _empty(shape):
-    """np.empty(shape) for the large arrays of a fit (n x n and up), on huge pages where the
+def _advise_huge(address, nbytes):
+    """Mark the 2 MB pages inside [address, address + nbytes) MADV_HUGEPAGE, from 4 MB (_empty)."""
+    if _MADV_HUGEPAGE != 0 and nbytes >= _HUGE_MIN:
+        first = (address + _HUGE_PAGE - 1) // _HUGE_PAGE * _HUGE_PAGE
+        last = (address + nbytes) // _HUGE_PAGE * _HUGE_PAGE
+        _madvise(first, last - first, _MADV_HUGEPAGE)         # advice only: its result is not needed
+
+
+@njit(cache=True)
+def _empty(n, m):
+    """np.empty((n, m)) for the large arrays of a fit (n x n and up), on huge pages where the
     kernel has them: numba's arrays come from malloc, and fresh memory costs a page fault every
     4 KB when first written (0.47 ms a MB measured here: 4 ms for each 1,070 x 1,070 array, a
     third of multi-class EP's warm start). Like numpy for its own arrays of 4 MB or more, the
     2 MB pages inside the array are marked MADV_HUGEPAGE (madvise): one fault every 2 MB. Only
     this array's own pages are advised, and malloc's settings are left as they are (memory that
-    malloc keeps after the array is freed stays advised, as numpy's does)."""
-    A = np.empty(shape)
-    nbytes = A.size * 8
-    if _MADV_HUGEPAGE != 0 and nbytes >= _HUGE_MIN:
-        first = (A.ctypes.data + _HUGE_PAGE - 1) // _HUGE_PAGE * _HUGE_PAGE
-        last = (A.ctypes.data + nbytes) // _HUGE_PAGE * _HUGE_PAGE
-        _madvise(first, last - first, _MADV_HUGEPAGE)         # advice only: its result is not needed
+    malloc keeps after the array is freed stays advised, as numpy's does). One function for each
+    number of dimensions (_empty_blocks: 3), so that each compiles for one type."""
+    A = np.empty((n, m))
+    _advise_huge(A.ctypes.data, A.size * 8)
     return A
 
 
 @njit(cache=True)
-def _zeros(shape):
-    """np.zeros(shape) as an _empty array."""
-    A = _empty(shape)
-    A[:] = 0.0
+def _empty_blocks(C, n, m):
+    """np.empty((C, n, m)) as an _empty array: C blocks of (n, m)."""
+    A = np.empty((C, n, m))
+    _advise_huge(A.ctypes.data, A.size * 8)
+    return A
+
+
+@njit(cache=True)
+def _zeros(n, m):
+    """np.zeros((n, m)) as an _empty array."""
+    A = _empty(n, m)
+    A[:, :] = 0.0
+    return A
+
+
+@njit(cache=True)
+def _zeros_blocks(C, n, m):
+    """np.zeros((C, n, m)) as an _empty_blocks array."""
+    A = _empty_blocks(C, n, m)
+    A[:, :, :] = 0.0
     return A
 
 
 @njit(cache=True)
 def _copy(A):
-    """A C-ordered copy of the 2-d A in an _empty array (np.ascontiguousarray(A).copy())."""
-    out = _empty(A.shape)
+    """A copy of the C-ordered 2-d A (np.ascontiguousarray(A) at the call) in an _empty array."""
+    out = _empty(A.shape[0], A.shape[1])
     out[:, :] = A
     return out
 
@@ -1115,7 +1137,7 @@ def _copy(A):
 def _scale_rows(s, A):
     """diag(s) A, row i of A times s_i: W^1/2 k(x_*) of Algorithm 3.2's line 5 (s = W^1/2), and
     S~^1/2 K, S~^1/2 k(x_*) of Algorithms 3.5 and 3.6 (s = S~^1/2). O(n m), as W and S~ are diagonal."""
-    out = _empty(A.shape)
+    out = _empty(A.shape[0], A.shape[1])
     for i in range(A.shape[0]):
         out[i, :] = s[i] * A[i, :]
     return out
@@ -1125,7 +1147,7 @@ def _scale_rows(s, A):
 def _form_B(K, sW):
     """B = I + W^1/2 K W^1/2 (3.26), an O(n^2) step since W is diagonal."""
     n = sW.shape[0]
-    B = _empty((n, n))
+    B = _empty(n, n)
     for i in range(n):
         for j in range(n):
             B[i, j] = sW[i] * K[i, j] * sW[j]
@@ -1429,8 +1451,8 @@ def _log_sum_exp(f):
 def _multiclass_E_M(K, pi):
     """E_c, sum_c z_c and M := cholesky(sum_c E_c): lines 5-10 of Algorithm 3.3, 3-7 of 3.4."""
     C, n = pi.shape                                           # for 3.3 line 5, 3.4 line 3: C classes, n cases
-    E = _empty((C, n, n))                                     # the diagonal blocks E_c of E
-    E_sum = _zeros((n, n))                                    # for 3.3 line 10, 3.4 line 7: E_sum := sum_c E_c
+    E = _empty_blocks(C, n, n)                                # the diagonal blocks E_c of E
+    E_sum = _zeros(n, n)                                      # for 3.3 line 10, 3.4 line 7: E_sum := sum_c E_c
     z = 0.0
     for c in range(C):                                        # 3.3 line 5, 3.4 line 3: for c := 1..C
         sD = np.sqrt(pi[c])                                   # for 3.3 line 6, 3.4 line 4: sD := D_c^1/2, (n,)
@@ -1575,7 +1597,7 @@ def multiclass_G(E, M):
     """G_c = M \\ E_c for each class (C, n, n): what Algorithm 3.4's lines 10-11 apply to
     k_*^c, precomputed for laplace_predict_multiclass (C n^3 / 2 multiply-adds)."""
     C, n = E.shape[0], E.shape[1]
-    G = _empty((C, n, n))
+    G = _empty_blocks(C, n, n)
     for c in range(C):
         G[c] = solve_lower_matrix(M, E[c])
     return G
@@ -1627,7 +1649,7 @@ def _M_solves(E, M, G, K_star):
     """Mb[c] = M\\b_c and bTk[c] = b_c^T k_*^c with b_c = E_c k_*^c, for every class and test
     case, (C, n, m) and (C, m): lines 10-11 of Algorithm 3.4 and the b^T k_*^c of its line 15."""
     C, n, m = K_star.shape
-    Mb = _empty((C, n, m))
+    Mb = _empty_blocks(C, n, m)
     bTk = np.empty((C, m))
     shared = _same_blocks(K_star)
     if shared and G is None and m > n:
@@ -1824,9 +1846,9 @@ def laplace_log_q_grad_multiclass(K, X, kernel, log_hyp, y, f_hat, a, E, M, disc
     g = y - pi                                                # grad log p(y|f_hat) = y - pi  (3.36)
     # blocks of A = K - K R K on the diagonal of each case: A^i_cc' =
     # delta_cc' (K_c - K_c E_c K_c)_ii + (G_c^T G_c')_ii, G_c = M\(E_c K_c)
-    G = _empty((C, n, n))
+    G = _empty_blocks(C, n, n)
     diagA = np.empty((C, n))
-    Rcc = _empty((C, n, n))                                   # diagonal blocks of R: E_c - E_c P E_c
+    Rcc = _empty_blocks(C, n, n)                              # diagonal blocks of R: E_c - E_c P E_c
     for c in range(C):
         F = E[c] @ K[c]
         G[c] = solve_lower_matrix(M, F)
@@ -2039,7 +2061,7 @@ def _ep_init(K, nu_tilde_init, tau_tilde_init):
     nu_tilde = nu_tilde_init.copy()
     tau_tilde = tau_tilde_init.copy()
     if not (tau_tilde.any() or nu_tilde.any()):
-        return nu_tilde, tau_tilde, _copy(K), np.zeros(K.shape[0])
+        return nu_tilde, tau_tilde, _copy(np.ascontiguousarray(K)), np.zeros(K.shape[0])
     Sigma, mu, _ = _ep_posterior(K, tau_tilde, nu_tilde)
     return nu_tilde, tau_tilde, Sigma, mu
 
@@ -2067,11 +2089,19 @@ def _site_log_lik(y_i, f_i, noise, eps):
 
 
 @njit(cache=True)
-def _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L, noise=1.0, eps=0.0, log_det_B=np.nan):
+def _ep_log_Z(y, tau_tilde, nu_tilde, Sigma, mu, L, noise=1.0, eps=0.0):
     """log Z_EP (3.65) through the stable forms (3.73)-(3.75) and the existing L.
 
-    log_det_B, if given, stands for 2 sum_i log L_ii (the log det B of 3.73), and L is not
-    read (ep_multiclass's sweeps carry it along their rank-one updates).
+    noise, eps select the site as in _site_update (probit: 1, 0). Returns
+    (log Z_EP, the number of sites with no cavity); see _ep_log_Z_det."""
+    return _ep_log_Z_det(y, tau_tilde, nu_tilde, Sigma, mu, L, noise, eps, np.nan)
+
+
+@njit(cache=True)
+def _ep_log_Z_det(y, tau_tilde, nu_tilde, Sigma, mu, L, noise, eps, log_det_B):
+    """_ep_log_Z with log det B given: log_det_B, unless nan, stands for 2 sum_i log L_ii (the
+    log det B of 3.73), and L is not read (ep_multiclass's sweeps carry it along their rank-one
+    updates); nan: from L, as _ep_log_Z.
 
     noise, eps select the site as in _site_update (probit: 1, 0). Returns
     (log Z_EP, the number of sites with no cavity). A site with Sigma_ii = 0
@@ -3100,7 +3130,7 @@ def difference_covariance(C, y):
     """
     yc, case, cls = difference_index(y)
     N = case.shape[0]
-    Kg = _empty((N, N))
+    Kg = _empty(N, N)
     for a in range(N):
         i = case[a]
         j = cls[a]
@@ -3142,7 +3172,7 @@ def _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps, le
         Sigma, mu, L = _ep_posterior(Kg, tau_tilde, nu_tilde)
         log_det_B = _log_det_chol(L)
     else:                                                     # line 2: Sigma := Kg, mu := 0; B = I
-        Sigma, mu, L = _copy(Kg), np.zeros(N), np.empty((0, 0))
+        Sigma, mu, L = _copy(np.ascontiguousarray(Kg)), np.zeros(N), np.empty((0, 0))
         log_det_B = 0.0
     U, c, s_i = np.empty((_EP_BLOCK, N)), np.empty(_EP_BLOCK), np.empty(N)
     log_Z, n_bad = np.nan, 0
@@ -3181,7 +3211,7 @@ def _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps, le
             Sigma, mu, L = _ep_posterior(Kg, tau_tilde, nu_tilde)        # lines 13-15
             log_det_B, exact = _log_det_chol(L), True
         # line 17, from Sigma's diagonal, mu and log det B as updated (no line 13 between sweeps)
-        log_Z, n_bad = _ep_log_Z(np.ones(N), tau_tilde, nu_tilde, Sigma, mu, L, 0.0, 0.0, log_det_B)
+        log_Z, n_bad = _ep_log_Z_det(np.ones(N), tau_tilde, nu_tilde, Sigma, mu, L, 0.0, 0.0, log_det_B)
         if near and tested == n_sweeps - 1 and abs(log_Z - log_Z_old) < tol:   # line 16
             if exact:
                 converged = True
@@ -3189,7 +3219,7 @@ def _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps, le
             L = _cholesky(_form_B(Kg, np.sqrt(tau_tilde)))    # line 13 from the final sites
             log_det_B = _log_det_chol(L)
             if lean:
-                log_Z, n_bad = _ep_log_Z(np.ones(N), tau_tilde, nu_tilde, Sigma, mu, L, 0.0, 0.0)
+                log_Z, n_bad = _ep_log_Z_det(np.ones(N), tau_tilde, nu_tilde, Sigma, mu, L, 0.0, 0.0, np.nan)
                 converged = True
                 break
             # line 14's V = L \ S~^1/2 Kg from these sites: Sigma's diagonal and mu (line 15) against
@@ -3214,10 +3244,10 @@ def _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps, le
     if converged and not (exact or lean):
         # lines 14-15 from the final sites, with line 13's L and line 14's V of the test above; line 17
         Sigma, mu = minus_gram(Kg, V), mu_e
-        log_Z, n_bad = _ep_log_Z(np.ones(N), tau_tilde, nu_tilde, Sigma, mu, L, 0.0, 0.0)
+        log_Z, n_bad = _ep_log_Z_det(np.ones(N), tau_tilde, nu_tilde, Sigma, mu, L, 0.0, 0.0, np.nan)
     elif not (exact or converged):
         Sigma, mu, L = _ep_posterior(Kg, tau_tilde, nu_tilde)         # lines 13-15 from the final sites
-        log_Z, n_bad = _ep_log_Z(np.ones(N), tau_tilde, nu_tilde, Sigma, mu, L, 0.0, 0.0)
+        log_Z, n_bad = _ep_log_Z_det(np.ones(N), tau_tilde, nu_tilde, Sigma, mu, L, 0.0, 0.0, np.nan)
     if lean:
         Sigma = np.empty((0, 0))
     return nu_tilde, tau_tilde, log_Z, Sigma, mu, L, n_sweeps, converged, delta, max(n_skipped, n_bad)
@@ -3564,7 +3594,7 @@ def _ep_predict_fold(nu_tilde, tau_tilde, C, y, L):
     # latents a of case i and b of case k; T[d, c] = T[c, d]^T, so only c >= d is formed, at
     # T[c (c + 1) / 2 + d] (_fold_add)
     R = _mirror_scaled(_potri_lower(L), sS)
-    T = _zeros((J * (J + 1) // 2, n, n))
+    T = _zeros_blocks(J * (J + 1) // 2, n, n)
     for a in range(N):
         i, yi, j = case[a], yc[case[a]], cls[a]
         for e in range(N):

@@ -517,14 +517,14 @@ def test_ep_multiclass_carries_log_det_B_through_its_sweeps(monkeypatch):
     X, Y, h, C = _tiny_ep_problem(3, 4, 15)
     Kg = gpclab.difference_covariance(C, Y)
     seen, current = [], {}
-    real = gpclab._ep_log_Z
+    real = gpclab._ep_log_Z_det
 
-    def recording(y, tau_tilde, nu_tilde, Sigma, mu, L, noise=1.0, eps=0.0, log_det_B=np.nan):
+    def recording(y, tau_tilde, nu_tilde, Sigma, mu, L, noise, eps, log_det_B):
         if not np.isnan(log_det_B):
             seen.append((current["Kg"], tau_tilde.copy(), log_det_B))
         return real(y, tau_tilde, nu_tilde, Sigma, mu, L, noise, eps, log_det_B)
 
-    monkeypatch.setattr(gpclab, "_ep_log_Z", recording)
+    monkeypatch.setattr(gpclab, "_ep_log_Z_det", recording)
     sweeps = gpclab._ep_multiclass_sweeps.py_func            # plain Python: its globals are looked up per call
     N = Kg.shape[0]
     current["Kg"] = Kg

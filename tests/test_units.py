@@ -154,7 +154,7 @@ def test_large_arrays_of_a_fit_are_advised_huge_pages():
 
     @njit
     def two(n):
-        return gpclab._empty((n, n)), gpclab._copy(np.ones((n, n)))
+        return gpclab._empty(n, n), gpclab._copy(np.ones((n, n)))
 
     big, copied = two(1100)                                  # 9.7 MB
     assert big.shape == (1100, 1100) and big.flags.c_contiguous and big.dtype == np.float64
