@@ -5543,7 +5543,7 @@ class _FitMonitor:
         self.show, self.expected = show, expected
         self.stream = stream
         self.rounds = rounds
-        self.start = self.last = self.event = self.clock()
+        self.start = self.last = self.event = self.summary = self.clock()
         self.count = 0
         self.round = 0
         self.final = None                 # (n, started) during the approximation at all n
@@ -5570,8 +5570,10 @@ class _FitMonitor:
         if value > self.best_v:
             self.best_x, self.best_v = np.array(x, dtype=float), float(value)
         now = self.event = self.clock()
-        if self.show and (self.rounds or now - self.last >= _PROGRESS_EVERY or self.count == 1):
-            self.last = now
+        # the evaluation lines keep their own pace: the lines of a long step in between (tick) must
+        # not crowd them out, or a fit of evaluations of a few seconds shows only "running for" lines
+        if self.show and (self.rounds or now - self.summary >= _PROGRESS_EVERY or self.count == 1):
+            self.summary = now
             per = (now - self.start) / self.count
             unit = "round" if self.rounds else "evaluation"
             if self.expected and self.count < self.expected:
@@ -5591,14 +5593,13 @@ class _FitMonitor:
 
     def tick(self):
         """A line during a long step (_FitThreads.tick: every _PROGRESS_EVERY s) if none came for
-        _PROGRESS_EVERY s: what is running and for how long."""
+        _PROGRESS_EVERY s and the step has run that long: what is running and for how long."""
         now = self.clock()
-        if not self.show or now - self.last < 0.9 * _PROGRESS_EVERY:
+        started = self.final[1] if self.final is not None else self.event
+        if not self.show or min(now - self.last, now - started) < 0.9 * _PROGRESS_EVERY:
             return
-        self.last = now
         if self.final is not None:
-            n, started = self.final
-            self.say(f"the approximation at all n = {n}: running for {_duration(now - started)}")
+            self.say(f"the approximation at all n = {self.final[0]}: running for {_duration(now - started)}")
         elif not self.optimize:
             return
         elif self.rounds:

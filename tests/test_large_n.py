@@ -110,6 +110,37 @@ def test_no_progress_for_small_fits_unless_asked(capsys):
     assert lines[-1].startswith("GPClassifier.fit: done in")
 
 
+def test_evaluation_lines_are_not_crowded_out_by_the_lines_of_a_long_step():
+    """Evaluations of a few seconds each (ML-II on EP at n = 2,500): after each one that ends at least
+    _PROGRESS_EVERY s after the last evaluation line, its line (value, best, time left) comes, even if a
+    long-step line ('running for') came just before; a long-step line comes only once the step has run
+    about _PROGRESS_EVERY s, not 1 s into an evaluation. A clock set by hand, _PROGRESS_EVERY = 5."""
+    import io
+
+    out = io.StringIO()
+    m = gpclab._FitMonitor(True, 10, stream=out)
+    t = {"now": 0.0}
+    m.clock = lambda: t["now"]
+    m.start = m.last = m.event = m.summary = 0.0
+
+    def at(when, what):
+        t["now"] = when
+        what()
+
+    at(1.0, lambda: m(np.zeros(2), -10.0))                  # evaluation 1: its line
+    at(6.0, m.tick)                                         # evaluation 2 running for 5 s: a line
+    at(7.0, lambda: m(np.ones(2), -9.0))                    # evaluation 2 ends: its line, not crowded out
+    at(12.0, lambda: m(np.ones(2), -8.0))                   # evaluation 3 ends 5 s later: its line
+    at(13.0, m.tick)                                        # evaluation 4 running for 1 s: nothing
+    at(16.5, m.tick)                                        # 4.5 s: the step has run about a period
+    lines = [line.replace("GPClassifier.fit: ", "") for line in out.getvalue().splitlines()]
+    assert [line.split(":")[0] for line in lines] == ["ML-II evaluation 1 of about 10", "ML-II evaluation 2",
+                                                    "ML-II evaluation 2 of about 10",
+                                                    "ML-II evaluation 3 of about 10", "ML-II evaluation 4"], lines
+    assert lines[1].endswith("running for 5 s") and lines[4].endswith("running for 4 s"), lines
+    assert "log evidence -9.0000 (best -9.0000)" in lines[2] and "left" in lines[2]
+
+
 def test_interrupt_message_counts_in_the_singular_and_plural():
     for rounds, unit in ((False, "ML-II evaluation"), (True, "EM-EP round")):
         m = gpclab._FitMonitor(False, None, rounds=rounds)
