@@ -18,7 +18,7 @@ tests/test_boxes.py keeps these numbers true):
     GPML Algorithm 3.5  expectation propagation           ep                          line 2175
     GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2254
     K&R Algorithm 3     annealed importance sampling      ais                         line 2762
-    the boxes as printed, errata, departures              BOXES, show_box             line 4114
+    the boxes as printed, errata, departures              BOXES, show_box             line 4106
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
     GPML 3.3   covariance functions; the likelihoods (3.15, 3.16) and their one
@@ -3146,15 +3146,6 @@ _MC_LARGE = 1.0        # multiclass_ep_evidence: Sigma formed afresh after a swe
 
 
 @njit(cache=True)
-def _log_det_chol(L):
-    """log det B = 2 sum_i log L_ii from B's Cholesky factor L."""
-    s = 0.0
-    for i in range(L.shape[0]):
-        s += math.log(L[i, i])
-    return 2.0 * s
-
-
-@njit(cache=True)
 def _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps, lean=False):
     """ep (likelihood 'step', eps 0, natural order) on the N difference latents, with
     Sigma formed afresh only where it is needed and log det B carried along the rank-one
@@ -3170,7 +3161,7 @@ def _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps, le
     nu_tilde, tau_tilde = nu_tilde_init.copy(), tau_tilde_init.copy()
     if tau_tilde.any() or nu_tilde.any():                     # line 2, warm start: (3.53) for the sites given
         Sigma, mu, L = _ep_posterior(Kg, tau_tilde, nu_tilde)
-        log_det_B = _log_det_chol(L)
+        log_det_B = 2.0 * half_log_det(L)
     else:                                                     # line 2: Sigma := Kg, mu := 0; B = I
         Sigma, mu, L = _copy(np.ascontiguousarray(Kg)), np.zeros(N), np.empty((0, 0))
         log_det_B = 0.0
@@ -3209,7 +3200,7 @@ def _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps, le
         if (n_skipped > 0 or n_sweeps % _MC_REFRESH == 0 or n_sweeps == max_sweeps
                 or (lean and delta > _MC_LARGE)):
             Sigma, mu, L = _ep_posterior(Kg, tau_tilde, nu_tilde)        # lines 13-15
-            log_det_B, exact = _log_det_chol(L), True
+            log_det_B, exact = 2.0 * half_log_det(L), True
         # line 17, from Sigma's diagonal, mu and log det B as updated (no line 13 between sweeps)
         log_Z, n_bad = _ep_log_Z_det(np.ones(N), tau_tilde, nu_tilde, Sigma, mu, L, 0.0, 0.0, log_det_B)
         if near and tested == n_sweeps - 1 and abs(log_Z - log_Z_old) < tol:   # line 16
@@ -3217,7 +3208,7 @@ def _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps, le
                 converged = True
                 break
             L = _cholesky(_form_B(Kg, np.sqrt(tau_tilde)))    # line 13 from the final sites
-            log_det_B = _log_det_chol(L)
+            log_det_B = 2.0 * half_log_det(L)
             if lean:
                 log_Z, n_bad = _ep_log_Z_det(np.ones(N), tau_tilde, nu_tilde, Sigma, mu, L, 0.0, 0.0, np.nan)
                 converged = True
@@ -3289,8 +3280,9 @@ def ep_multiclass(C, y, nu_tilde_init=None, tau_tilde_init=None, tol=1e-9, max_s
     tau~_i += d multiplies det B by 1 + d Sigma_ii, the determinant lemma), so
     that line 13's L (N^3 / 3) is formed only once the test below is passed (on
     fgl's ML-II, 34 runs: 33 factorisations for the test instead of 139, with
-    the same sweeps, sites and log Z_EP to 5e-12). The convergence test is ep's (the largest relative site change < sqrt(tol)
-    and |change of log Z_EP| < tol between consecutive sweeps), and Sigma, mu, L
+    the same sweeps, sites and log Z_EP to 5e-12). The convergence test is
+    ep's (the largest relative site change < sqrt(tol) and |change of log Z_EP|
+    < tol between consecutive sweeps), and Sigma, mu, L
     and log_Z returned are formed from the final sites, as ep returns them; if
     Sigma's diagonal or mu so formed differ from the updated ones by sqrt(tol)
     (relative; the updates' rounding after site changes of 1e2 moved the sweeps'
