@@ -5075,11 +5075,12 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
     hyp_prior, the scale (log t0 for 'kg', 'kg_iso', log v0 for 'ard', log sf
     for 'se') is held at its start value, which removes that flat direction
     (L-BFGS otherwise spends its steps along it). Multi-class EP (sweeps of
-    O((n (J - 1))^3)) runs to tol = (0.01 max |gradient|)^2 within [1e-9, 1e-5]
-    and below 0.01 ftol |log Z_EP| (EP's error must not fake L-BFGS-B's stopping
-    test): the sites to a relative change below 1% of the gradient's largest
-    entry (on fgl, 194 sweeps in 34 evaluations instead of 301, log Z_EP at the
-    optimum within 3e-4 nats). An evaluation whose warm
+    O((n (J - 1))^3)) runs to tol = (0.03 max |gradient|)^2 within [1e-9, 1e-5]
+    and below 0.03 ftol |log Z_EP| (EP's error must not fake L-BFGS-B's stopping
+    test): the sites to a last change below 3% of the gradient's largest entry,
+    which leaves them about 1% from EP's fixed point (the sweeps contract the
+    changes about fourfold; on fgl, 174 sweeps in 34 evaluations instead of 301
+    at tol 1e-9, log Z_EP at the optimum within 3e-4 nats). An evaluation whose warm
     start fails (not finite, or EP or Newton not converged) is done again
     from no sites or a zero mode, as GPML's infEP restarts.
     ftol: L-BFGS-B stops when a step raises the log evidence by less than
@@ -5115,8 +5116,12 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
     return h, v, res
 
 
-_MC_TOL_PER_GRAD = 0.01   # ML-II on multi-class EP: EP's site changes below 1% of the gradient's largest entry
-_MC_TOL_PER_FTOL = 0.01   # ... and EP's tol below 1% of the rise in log Z_EP that ends L-BFGS-B
+# ML-II on multi-class EP: EP's tolerance from the gradient and from L-BFGS-B's stopping rise. EP's test
+# bounds the last sweep's changes, not the error left: the sweeps contract the site changes about
+# fourfold and those of log Z_EP about tenfold (fgl), so that sites whose last change is below 3% of the
+# gradient's largest entry are within about 1% of EP's fixed point, and log Z_EP within 0.3% of the rise.
+_MC_TOL_PER_GRAD = 0.03   # EP's site changes below 3% of the gradient's largest entry (error about 1%)
+_MC_TOL_PER_FTOL = 0.03   # ... and EP's tol below 3% of the rise in log Z_EP that ends L-BFGS-B
 
 
 def _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_prior, discrete, eps,
@@ -5182,10 +5187,10 @@ def _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_p
             g_abs = np.max(np.abs(g))
             g_abs = g_abs if np.isfinite(g_abs) else np.inf
             if np.ndim(y) == 2 and method in ("ep", "emep"):
-                # multi-class EP (a sweep is N^3 for N = n (J - 1)): sites to a relative change below 1%
-                # of the gradient's largest entry, tol = (0.01 max |g|)^2, within [1e-9, 1e-5] and below
-                # 1% of the rise in log Z_EP that ends L-BFGS-B (ftol |log Z_EP|), which EP's error
-                # must not fake
+                # multi-class EP (a sweep is N^3 for N = n (J - 1)): sites to a relative change below 3%
+                # of the gradient's largest entry, tol = (0.03 max |g|)^2, within [1e-9, 1e-5] and below
+                # 3% of the rise in log Z_EP that ends L-BFGS-B (ftol |log Z_EP|), which EP's error
+                # must not fake (the error left is a third and a tenth of these: see _MC_TOL_PER_GRAD)
                 cap = min(1e-5, _MC_TOL_PER_FTOL * state["ftol"] * max(abs(v), 1.0))
                 state["tol"] = min(max((_MC_TOL_PER_GRAD * g_abs) ** 2, 1e-9), max(cap, 1e-9))
             else:
