@@ -11,14 +11,14 @@ and the code's departures from the box beside the lines they concern.
 Contents: each box, its function, and the line of the function's ``def`` in this
 file (the last row: the line of BOXES, which show_box and its helpers follow;
 tests/test_boxes.py keeps these numbers true):
-    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 1209
-    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1276
-    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1493
-    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1757
-    GPML Algorithm 3.5  expectation propagation           ep                          line 2175
-    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2254
-    K&R Algorithm 3     annealed importance sampling      ais                         line 2762
-    the boxes as printed, errata, departures              BOXES, show_box             line 4106
+    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 1226
+    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1293
+    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1512
+    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1776
+    GPML Algorithm 3.5  expectation propagation           ep                          line 2194
+    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2273
+    K&R Algorithm 3     annealed importance sampling      ais                         line 2781
+    the boxes as printed, errata, departures              BOXES, show_box             line 4125
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
     GPML 3.3   covariance functions; the likelihoods (3.15, 3.16) and their one
@@ -861,8 +861,13 @@ def minus_gram(K, V):
 def _potri_lower(L):
     """The lower triangle of B^-1 from the Cholesky factor L of B = L L^T, by LAPACK dpotri
     (the upper triangle holds what L held there: zeros); in blocks above _BLOCKED_N."""
-    n = L.shape[0]
-    A = _copy(np.ascontiguousarray(L))
+    return _potri_in_place(_copy(np.ascontiguousarray(L)))
+
+
+@njit(cache=True)
+def _potri_in_place(A):
+    """_potri_lower on L's own memory: A (C-order, the factor L) becomes B^-1's lower triangle."""
+    n = A.shape[0]
     if n == 0:
         return A
     if n > _BLOCKED_N:
@@ -907,6 +912,12 @@ def _scaled_inverse(L, s):
     in one pass over B^-1 (dpotri fills one triangle, C's lower: scaled as it is mirrored), without
     the two n x n temporaries (at n = 2,000 they took a fifth of multi-class Laplace's Newton step)."""
     return _mirror_scaled(_potri_lower(L), s)
+
+
+@njit(cache=True)
+def _scaled_inverse_in_place(L, s):
+    """_scaled_inverse in L's own memory, which it returns."""
+    return _mirror_scaled(_potri_in_place(L), s)
 
 
 @njit(cache=True)
@@ -1147,7 +1158,13 @@ def _scale_rows(s, A):
 def _form_B(K, sW):
     """B = I + W^1/2 K W^1/2 (3.26), an O(n^2) step since W is diagonal."""
     n = sW.shape[0]
-    B = _empty(n, n)
+    return _form_B_in(_empty(n, n), K, sW)
+
+
+@njit(cache=True)
+def _form_B_in(B, K, sW):
+    """_form_B written into B (n, n), which it returns."""
+    n = sW.shape[0]
     for i in range(n):
         for j in range(n):
             B[i, j] = sW[i] * K[i, j] * sW[j]
@@ -1456,14 +1473,16 @@ def _multiclass_E_M(K, pi):
     z = 0.0
     for c in range(C):                                        # 3.3 line 5, 3.4 line 3: for c := 1..C
         sD = np.sqrt(pi[c])                                   # for 3.3 line 6, 3.4 line 4: sD := D_c^1/2, (n,)
-        L = _cholesky(_form_B(K[c], sD))                      # 3.3 line 6, 3.4 line 4: L := cholesky(I_n + D_c^1/2 K_c D_c^1/2)
+        # B_c, L and E_c in the memory of E_c (no n x n copy: at n = 4,000 three copies of 128 MB a step)
+        L = _cholesky(_form_B_in(E[c], K[c], sD))             # 3.3 line 6, 3.4 line 4: L := cholesky(I_n + D_c^1/2 K_c D_c^1/2)
+        # departs from the order of lines 7-8: z_c from L before line 7 turns L into E_c
+        z += half_log_det(L)                                  # 3.3 line 8: z_c := sum_i log L_ii (summed over c)
         # departs from E_c := D_c^1/2 L^T\(L\D_c^1/2) (3.3 line 7, 3.4 line 5): the same matrix
         # as B_c^-1 = L^-T L^-1 scaled by D_c^1/2 on both sides, because LAPACK forms B_c^-1
         # from L in one call (dpotri) instead of two triangular solves with n columns, and the
-        # scaling is done as it is mirrored (_scaled_inverse)
-        E[c] = _scaled_inverse(L, sD)                         # 3.3 line 7, 3.4 line 5: E_c := D_c^1/2 B_c^-1 D_c^1/2
+        # scaling is done as it is mirrored (_scaled_inverse), here in L's memory, E_c's
+        _scaled_inverse_in_place(L, sD)                       # 3.3 line 7, 3.4 line 5: E_c := D_c^1/2 B_c^-1 D_c^1/2
         E_sum += E[c]                                         # for 3.3 line 10, 3.4 line 7: E_sum := sum_c E_c
-        z += half_log_det(L)                                  # 3.3 line 8: z_c := sum_i log L_ii (summed over c)
     M = _cholesky(E_sum)                                      # 3.3 line 10, 3.4 line 7: M := cholesky(sum_c E_c)
     return E, z, M
 
@@ -4204,7 +4223,8 @@ BOXES = {
             2: "starts from a_init if that beats f = 0, as Algorithm 3.1's line 2",
             7: "E_c = D_c^½ B_c^−1 D_c^½ with B_c^−1 from L by one LAPACK call (dpotri) instead of "
                "two triangular solves with n columns, scaled by D_c^½ on both sides as its triangle is "
-               "mirrored (_scaled_inverse): the same matrix",
+               "mirrored (_scaled_inverse), in L's memory: the same matrix",
+            8: "z_c is taken from L before line 7, which forms E_c in L's memory (no n × n copy)",
             14: "the step is halved while it lowers the objective, as Algorithm 3.1's line 8",
             15: "converged only after a full Newton step that raised the objective by less than tol, "
                 "as Algorithm 3.1's line 9",

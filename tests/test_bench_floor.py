@@ -38,13 +38,14 @@ def test_floor_counts_each_call_as_documented():
              ("ep", (60, 60), EPRes(np.zeros(60), 2), True),             # warm: one refactorisation more
              ("ep_multiclass", (30, 30), EPRes(np.zeros(60), 1), False),  # N = n (J - 1) = 60 latents
              ("laplace_mode_multiclass", (3, 60, 60), Mode(1), False),   # 2 x (3 (chol + potri) + chol)
+             ("multiclass_G", (3, 60, 60), None, False),                 # 3 trsm
              ("laplace_log_q_grad", (60, 60), None, False),              # potri
              ("ep_log_Z_grad", (120, 120), None, False),                 # potri at N = 120
              ("em_ep_grad", (60, 60), None, False),                      # chol + potri + 2 gemm
              ("em_ep_bound", (60, 60), None, False)]                     # 2 chol + trsm
     refactor = 1 + 100 + 1e3
     expected = (5 + 3 * (1e4 + refactor) + 2 * (1e4 + refactor) + refactor + (1e4 + refactor)
-                + 2 * (3 * (1 + 10) + 1) + 10 + 20 + (1 + 10 + 2e5) + (2 + 100))
+                + 2 * (3 * (1 + 10) + 1) + 300 + 10 + 20 + (1 + 10 + 2e5) + (2 + 100))
     assert bench_floor.floor_of(calls, FixedFloor()) == expected
 
 
@@ -70,6 +71,11 @@ def test_counter_records_the_fit_and_restores_the_functions():
     name, shape, res, warm = c.calls[0]
     assert shape == (30, 30) and res.nu_tilde.shape == (60,) and res.log_Z == m.log_marginal_likelihood_
     assert gpclab._ep_multiclass_run is run
+    # multi-class Laplace's fit: the mode, and the G_c = M\E_c it keeps for its predictions
+    with bench_floor.Counter() as c:
+        gpclab.GPClassifier(optimize=False).fit(X3, y3)
+    assert [(name, shape) for name, shape, *_ in c.calls] == [("laplace_mode_multiclass", (3, 30, 30)),
+                                                              ("multiclass_G", (3, 30, 30))]
 
 
 def test_tables_show_ratio_skips_and_timeouts():
