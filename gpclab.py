@@ -13,12 +13,12 @@ file (the last row: the line of BOXES, which show_box and its helpers follow;
 tests/test_boxes.py keeps these numbers true):
     GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 1226
     GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1293
-    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1512
-    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1776
-    GPML Algorithm 3.5  expectation propagation           ep                          line 2194
-    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2273
-    K&R Algorithm 3     annealed importance sampling      ais                         line 2781
-    the boxes as printed, errata, departures              BOXES, show_box             line 4125
+    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1513
+    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1777
+    GPML Algorithm 3.5  expectation propagation           ep                          line 2195
+    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2274
+    K&R Algorithm 3     annealed importance sampling      ais                         line 2782
+    the boxes as printed, errata, departures              BOXES, show_box             line 4126
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
     GPML 3.3   covariance functions; the likelihoods (3.15, 3.16) and their one
@@ -1473,16 +1473,17 @@ def _multiclass_E_M(K, pi):
     z = 0.0
     for c in range(C):                                        # 3.3 line 5, 3.4 line 3: for c := 1..C
         sD = np.sqrt(pi[c])                                   # for 3.3 line 6, 3.4 line 4: sD := D_c^1/2, (n,)
-        # B_c, L and E_c in the memory of E_c (no n x n copy: at n = 4,000 three copies of 128 MB a step)
+        # B_c, L and E_c all in E[c]'s memory: no n x n array per class but E's (three fewer
+        # per class, nine a Newton step at C = 3; at n = 4,000 each is 128 MB)
         L = _cholesky(_form_B_in(E[c], K[c], sD))             # 3.3 line 6, 3.4 line 4: L := cholesky(I_n + D_c^1/2 K_c D_c^1/2)
         # departs from the order of lines 7-8: z_c from L before line 7 turns L into E_c
         z += half_log_det(L)                                  # 3.3 line 8: z_c := sum_i log L_ii (summed over c)
         # departs from E_c := D_c^1/2 L^T\(L\D_c^1/2) (3.3 line 7, 3.4 line 5): the same matrix
         # as B_c^-1 = L^-T L^-1 scaled by D_c^1/2 on both sides, because LAPACK forms B_c^-1
         # from L in one call (dpotri) instead of two triangular solves with n columns, and the
-        # scaling is done as it is mirrored (_scaled_inverse), here in L's memory, E_c's
-        _scaled_inverse_in_place(L, sD)                       # 3.3 line 7, 3.4 line 5: E_c := D_c^1/2 B_c^-1 D_c^1/2
-        E_sum += E[c]                                         # for 3.3 line 10, 3.4 line 7: E_sum := sum_c E_c
+        # scaling is done as it is mirrored; in place, since L already lives in E[c]
+        E_c = _scaled_inverse_in_place(L, sD)                 # 3.3 line 7, 3.4 line 5: E_c := D_c^1/2 B_c^-1 D_c^1/2
+        E_sum += E_c                                          # for 3.3 line 10, 3.4 line 7: E_sum := sum_c E_c
     M = _cholesky(E_sum)                                      # 3.3 line 10, 3.4 line 7: M := cholesky(sum_c E_c)
     return E, z, M
 
@@ -4223,7 +4224,8 @@ BOXES = {
             2: "starts from a_init if that beats f = 0, as Algorithm 3.1's line 2",
             7: "E_c = D_c^½ B_c^−1 D_c^½ with B_c^−1 from L by one LAPACK call (dpotri) instead of "
                "two triangular solves with n columns, scaled by D_c^½ on both sides as its triangle is "
-               "mirrored (_scaled_inverse), in L's memory: the same matrix",
+               "mirrored (_scaled_inverse_in_place), in place: L already lives in E_c's memory; "
+               "the same matrix",
             8: "z_c is taken from L before line 7, which forms E_c in L's memory (no n × n copy)",
             14: "the step is halved while it lowers the objective, as Algorithm 3.1's line 8",
             15: "converged only after a full Newton step that raised the objective by less than tol, "
@@ -5097,10 +5099,10 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
     (L-BFGS otherwise spends its steps along it). Multi-class EP (sweeps of
     O((n (J - 1))^3)) runs to tol = (0.03 max |gradient|)^2 within [1e-9, 1e-5]
     and below 0.03 ftol |log Z_EP| (EP's error must not fake L-BFGS-B's stopping
-    test): the sites to a last change below 3% of the gradient's largest entry,
-    which leaves them about 1% from EP's fixed point (the sweeps contract the
-    changes about fourfold; on fgl, 174 sweeps in 34 evaluations instead of 301
-    at tol 1e-9, log Z_EP at the optimum within 3e-4 nats). An evaluation whose warm
+    test): the sites to a last relative change below 3% of the gradient's largest
+    entry, which on fgl (where the sweeps contracted the changes about fourfold)
+    leaves them about 1% of it from EP's fixed point (174 sweeps in 34 evaluations
+    instead of 301 at tol 1e-9, log Z_EP at the optimum within 3e-4 nats). An evaluation whose warm
     start fails (not finite, or EP or Newton not converged) is done again
     from no sites or a zero mode, as GPML's infEP restarts.
     ftol: L-BFGS-B stops when a step raises the log evidence by less than
@@ -5137,10 +5139,12 @@ def ml2(X, y, log_hyp0, kernel="se", likelihood="logistic", bounds=None, max_ite
 
 
 # ML-II on multi-class EP: EP's tolerance from the gradient and from L-BFGS-B's stopping rise. EP's test
-# bounds the last sweep's changes, not the error left: the sweeps contract the site changes about
-# fourfold and those of log Z_EP about tenfold (fgl), so that sites whose last change is below 3% of the
-# gradient's largest entry are within about 1% of EP's fixed point, and log Z_EP within 0.3% of the rise.
-_MC_TOL_PER_GRAD = 0.03   # EP's site changes below 3% of the gradient's largest entry (error about 1%)
+# bounds the last sweep's changes, not the error left. On fgl the sweeps contracted the relative site
+# changes about fourfold a sweep and the changes of log Z_EP about tenfold, so the error left is about
+# a third (r / (1 - r) for r = 1/4) and a ninth of the last change: a last relative site change below 3%
+# of the gradient's largest entry leaves the sites about 1% of it from EP's fixed point, and a tol of 3%
+# of the rise leaves log Z_EP about 0.3% of it (estimates: EP has no guaranteed rate).
+_MC_TOL_PER_GRAD = 0.03   # EP's relative site changes below 3% of the gradient's largest entry
 _MC_TOL_PER_FTOL = 0.03   # ... and EP's tol below 3% of the rise in log Z_EP that ends L-BFGS-B
 
 
@@ -5210,7 +5214,7 @@ def _ml2_run(X, y, log_hyp0, kernel, likelihood, bounds, max_iter, method, hyp_p
                 # multi-class EP (a sweep is N^3 for N = n (J - 1)): sites to a relative change below 3%
                 # of the gradient's largest entry, tol = (0.03 max |g|)^2, within [1e-9, 1e-5] and below
                 # 3% of the rise in log Z_EP that ends L-BFGS-B (ftol |log Z_EP|), which EP's error
-                # must not fake (the error left is a third and a tenth of these: see _MC_TOL_PER_GRAD)
+                # must not fake (the error left is about a third and a ninth of these: see _MC_TOL_PER_GRAD)
                 cap = min(1e-5, _MC_TOL_PER_FTOL * state["ftol"] * max(abs(v), 1.0))
                 state["tol"] = min(max((_MC_TOL_PER_GRAD * g_abs) ** 2, 1e-9), max(cap, 1e-9))
             else:

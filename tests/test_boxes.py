@@ -190,7 +190,7 @@ STATEMENTS = {
 }
 HELPER_STATEMENTS = {                                             # (box, line, helper): regex
     ("3.3", 6, "_multiclass_E_M"): r"^L = _cholesky\(_form_B_in\(E\[c\], K\[c\], sD\)\)$",
-    ("3.3", 7, "_multiclass_E_M"): r"^_scaled_inverse_in_place\(L, sD\)$",
+    ("3.3", 7, "_multiclass_E_M"): r"^E_c = _scaled_inverse_in_place\(L, sD\)$",
     ("3.3", 8, "_multiclass_E_M"): r"^z \+= half_log_det\(L\)$",
     ("3.3", 10, "_multiclass_E_M"): r"^M = _cholesky\(E_sum\)$",
     ("3.4", 10, "_M_solves"): r"^b = E\[c\] @ K_star\[c\]$",
