@@ -12,7 +12,7 @@ solve_triangular, lapack.dpotri, blas.dsyrk, blas.dtrmv and numpy's matmul). The
                                 dsyrk in blocks of 48, + one refactorisation: cholesky(B), L \\ S~^1/2 K,
                                 K - V^T V), + one refactorisation if it starts from sites (warm start)
   multi-class Laplace (3.3)     per call: (Newton steps + 1) x (C x (cholesky(B_c) + B_c^-1 from it)
-                                + cholesky(sum_c E_c)); and the fit's C triangular solves G_c = M\E_c
+                                + cholesky(sum_c E_c)); and the fit's C triangular solves G_c = M\\E_c
                                 (multiclass_G, kept for the predictions)
   multi-class EP (K&G 4.2)      EP's floor on the N = n (J - 1) difference latents
   AIS (K&R Alg. 3)              cholesky(K) + T x R x leapfrog steps x two triangular mat-vecs
