@@ -18,7 +18,7 @@ tests/test_boxes.py keeps these numbers true):
     GPML Algorithm 3.5  expectation propagation           ep                          line 2195
     GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2274
     K&R Algorithm 3     annealed importance sampling      ais                         line 2782
-    the boxes as printed, errata, departures              BOXES, show_box             line 4126
+    the boxes as printed, errata, departures              BOXES, show_box             line 4130
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
     GPML 3.3   covariance functions; the likelihoods (3.15, 3.16) and their one
@@ -3162,7 +3162,7 @@ def difference_covariance(C, y):
 
 
 _MC_REFRESH = 10       # ep_multiclass: Sigma formed afresh from the sites at least every 10th sweep
-_MC_LARGE = 1.0        # multiclass_ep_evidence: Sigma formed afresh after a sweep whose site changes are above 1
+_MC_LARGE = 1.0        # multiclass_ep_evidence: Sigma checked at convergence after a sweep whose site changes are above 1
 
 
 @njit(cache=True)
@@ -3171,11 +3171,13 @@ def _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps, le
     Sigma formed afresh only where it is needed and log det B carried along the rank-one
     updates (see ep_multiclass's Notes). Returns ep's tuple.
 
-    lean (for the evidence, multiclass_ep_evidence): Sigma is formed afresh after every sweep
-    whose largest relative site change is above _MC_LARGE (the rank-one updates' rounding grows
-    with the changes), so that at convergence log Z_EP from line 13's L of the final sites, with
-    Sigma's diagonal and mu as updated, is returned, without lines 14-15 (2 N^3, twice a sweep's
-    updates); Sigma is returned empty, (0, 0)."""
+    lean (for the evidence, multiclass_ep_evidence): at convergence log Z_EP from line 13's L of
+    the final sites, with Sigma's diagonal and mu as updated, is returned, without lines 14-15
+    (2 N^3, twice a sweep's updates); Sigma is returned empty, (0, 0). Only if a sweep since Sigma
+    was last formed afresh changed a site by more than _MC_LARGE (relative; the rank-one updates'
+    rounding grows with the changes) are Sigma's diagonal and mu first checked against line 14's
+    V of the final sites (N^3), as ep_multiclass checks them always, and the sweeps go on from
+    Sigma formed afresh if they drifted."""
     N = Kg.shape[0]
     tau_max = _ep_tau_max(Kg)
     nu_tilde, tau_tilde = nu_tilde_init.copy(), tau_tilde_init.copy()
@@ -3188,7 +3190,7 @@ def _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps, le
     U, c, s_i = np.empty((_EP_BLOCK, N)), np.empty(_EP_BLOCK), np.empty(N)
     log_Z, n_bad = np.nan, 0
     log_Z_old, tested = np.inf, -1                            # log Z_EP of sweep `tested`
-    converged, exact = False, True
+    converged, exact, large = False, True, False
     V, mu_e = np.empty((0, 0)), np.empty(0)
     delta, n_skipped, n_sweeps = 0.0, 0, 0
     for n_sweeps in range(1, max_sweeps + 1):
@@ -3217,10 +3219,10 @@ def _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps, le
             _apply_pending(Sigma, U, c, m)                    # Sigma's lower triangle up to date
         near = delta < math.sqrt(tol)                         # line 16's test of the site changes
         exact = False                                         # Sigma, mu, L, log det B formed afresh from these sites
-        if (n_skipped > 0 or n_sweeps % _MC_REFRESH == 0 or n_sweeps == max_sweeps
-                or (lean and delta > _MC_LARGE)):
+        large = large or delta > _MC_LARGE                    # lean: check Sigma for drift at convergence
+        if n_skipped > 0 or n_sweeps % _MC_REFRESH == 0 or n_sweeps == max_sweeps:
             Sigma, mu, L = _ep_posterior(Kg, tau_tilde, nu_tilde)        # lines 13-15
-            log_det_B, exact = 2.0 * half_log_det(L), True
+            log_det_B, exact, large = 2.0 * half_log_det(L), True, False
         # line 17, from Sigma's diagonal, mu and log det B as updated (no line 13 between sweeps)
         log_Z, n_bad = _ep_log_Z_det(np.ones(N), tau_tilde, nu_tilde, Sigma, mu, L, 0.0, 0.0, log_det_B)
         if near and tested == n_sweeps - 1 and abs(log_Z - log_Z_old) < tol:   # line 16
@@ -3229,7 +3231,7 @@ def _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps, le
                 break
             L = _cholesky(_form_B(Kg, np.sqrt(tau_tilde)))    # line 13 from the final sites
             log_det_B = 2.0 * half_log_det(L)
-            if lean:
+            if lean and not large:
                 log_Z, n_bad = _ep_log_Z_det(np.ones(N), tau_tilde, nu_tilde, Sigma, mu, L, 0.0, 0.0, np.nan)
                 converged = True
                 break
@@ -3247,8 +3249,10 @@ def _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps, le
                     drift = max(drift, abs(d - Sigma[a, a]) / d, abs(mu_e[a] - mu[a]) / math.sqrt(d))
             if drift < math.sqrt(tol):
                 converged = True
+                if lean:
+                    log_Z, n_bad = _ep_log_Z_det(np.ones(N), tau_tilde, nu_tilde, Sigma, mu, L, 0.0, 0.0, np.nan)
                 break
-            Sigma, mu, exact = minus_gram(Kg, V), mu_e, True
+            Sigma, mu, exact, large = minus_gram(Kg, V), mu_e, True, False
             tested = -1
             continue
         log_Z_old, tested = log_Z, n_sweeps
@@ -6521,12 +6525,13 @@ def multiclass_ep_evidence(X, Y, log_hyp, kernel="kg", sites=None, eval_gradient
     there (K&G Theorem 1), computed from the sites and L (_ep_log_Z_grad_multiclass).
     Returns (log_Z, grad, result).
 
-    EP runs ep_multiclass's sweeps and convergence test, with Sigma formed afresh
-    after each sweep of large site changes (above 1, relative), and returns log Z_EP
+    EP runs ep_multiclass's sweeps and convergence test, and returns log Z_EP
     of the sweep that passed the test (line 13's L, Sigma's diagonal and mu as
     the rank-one updates left them: within 1e-10 of ep_multiclass's, 1e-7 at
     extreme hyperparameters), without forming Sigma again from the final sites
-    (2 N^3 for N = n (J - 1)):
+    (2 N^3 for N = n (J - 1)); after a sweep of large site changes (above 1,
+    relative) Sigma's diagonal and mu are first checked for drift, as
+    ep_multiclass always checks them:
     result.Sigma is empty, shape (0, 0) (ep_multiclass returns it).
     """
     C = kernel_matrix.unchecked(kernel, X, X, log_hyp, discrete)
