@@ -18,7 +18,7 @@ tests/test_boxes.py keeps these numbers true):
     GPML Algorithm 3.5  expectation propagation           ep                          line 2195
     GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2274
     K&R Algorithm 3     annealed importance sampling      ais                         line 2782
-    the boxes as printed, errata, departures              BOXES, show_box             line 4130
+    the boxes as printed, errata, departures              BOXES, show_box             line 4129
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
     GPML 3.3   covariance functions; the likelihoods (3.15, 3.16) and their one
@@ -3232,7 +3232,6 @@ def _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps, le
             L = _cholesky(_form_B(Kg, np.sqrt(tau_tilde)))    # line 13 from the final sites
             log_det_B = 2.0 * half_log_det(L)
             if lean and not large:
-                log_Z, n_bad = _ep_log_Z_det(np.ones(N), tau_tilde, nu_tilde, Sigma, mu, L, 0.0, 0.0, np.nan)
                 converged = True
                 break
             # line 14's V = L \ S~^1/2 Kg from these sites: Sigma's diagonal and mu (line 15) against
@@ -3249,16 +3248,16 @@ def _ep_multiclass_sweeps(Kg, nu_tilde_init, tau_tilde_init, tol, max_sweeps, le
                     drift = max(drift, abs(d - Sigma[a, a]) / d, abs(mu_e[a] - mu[a]) / math.sqrt(d))
             if drift < math.sqrt(tol):
                 converged = True
-                if lean:
-                    log_Z, n_bad = _ep_log_Z_det(np.ones(N), tau_tilde, nu_tilde, Sigma, mu, L, 0.0, 0.0, np.nan)
                 break
             Sigma, mu, exact, large = minus_gram(Kg, V), mu_e, True, False
             tested = -1
             continue
         log_Z_old, tested = log_Z, n_sweeps
-    if converged and not (exact or lean):
-        # lines 14-15 from the final sites, with line 13's L and line 14's V of the test above; line 17
-        Sigma, mu = minus_gram(Kg, V), mu_e
+    if converged and not exact:
+        if not lean:
+            # lines 14-15 from the final sites, with line 13's L and line 14's V of the test above
+            Sigma, mu = minus_gram(Kg, V), mu_e
+        # line 17 with line 13's L of the final sites (lean: Sigma's diagonal and mu as updated)
         log_Z, n_bad = _ep_log_Z_det(np.ones(N), tau_tilde, nu_tilde, Sigma, mu, L, 0.0, 0.0, np.nan)
     elif not (exact or converged):
         Sigma, mu, L = _ep_posterior(Kg, tau_tilde, nu_tilde)         # lines 13-15 from the final sites
