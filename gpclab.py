@@ -5385,12 +5385,18 @@ _ROUGH_SPEED = (0.0015, 0.0001, None)
 _ROUGH_MARGIN = 10.0
 # the work of one evaluation of the evidence with its gradient during ML-II (warm-started), in
 # Cholesky factorisations of the n x n matrix and passes over an n x n matrix, and of the final
-# approximation at all n (started cold, no gradient); measured at n = 1,000-3,000 (binary EP:
-# ML-II at n = 2,000 took 93 s where 45 factorisations an evaluation predicted 71 s)
-_EVAL_WORK = {"laplace": (6.0, 40.0), "ep": (60.0, 40.0)}
+# approximation at all n (started cold, no gradient). Laplace measured at n = 1,000-4,000 (ML-II at
+# n = 4,000: 35 s where 33 s was estimated); binary EP since its blocked rank-one updates: ML-II at
+# n = 2,000 and 4,000 took 1.4 s and 10 s an evaluation where the 60 factorisations counted before
+# predicted 2.3 s and 16 s (bench_floor.py; at first, 93 s at n = 2,000 where 45 predicted 71 s)
+_EVAL_WORK = {"laplace": (6.0, 40.0), "ep": (40.0, 40.0)}
 _FINAL_WORK = {"laplace": (10.0, 40.0), "ep": (60.0, 40.0)}
 _TYPICAL_EVALS = 15        # L-BFGS-B's evaluations on the data sets measured (12-14), rounded up
-_EMEP_ROUNDS = 20          # EM-EP's rounds, each an EP run and a few M-step gradients, about 2 evaluations
+# EM-EP's typical rounds, and the work of each (an EP run and a few M-step gradients) in evaluations of
+# _EVAL_WORK. Measured at n = 2,000: 38 rounds (46 EP runs), 3.9 s a round against 1.5 s an evaluation;
+# 23-111 EP runs on the sets of bench_floor.py
+_EMEP_ROUNDS = 40
+_EMEP_ROUND_WORK = 2.5
 # n x n float64 arrays alive at the peak of one evaluation with its gradient (and without):
 # Laplace K, L (B factorised in place), B^-1 (then R), dK; EP K, Sigma and, while Sigma is
 # formed anew (_ep_posterior), L, S~^1/2 K, V and the new Sigma
@@ -5461,8 +5467,8 @@ def _fit_estimate(n, m, n_latent, method, optimize, runs, measure=None, every=No
 
     n_latent: latent functions per point in one n x n block (multi-class Laplace factorises C
     blocks of n; multi-class EP one matrix of n (C - 1)); runs: ML-II runs (1 + n_restarts).
-    Returns a dict: seconds (total), seconds_ml2, evaluations, peak_bytes, final_bytes, threads,
-    measured, or None below _ESTIMATE_FROM_N. measure: None, this machine's speed is measured
+    Returns a dict: seconds (total), seconds_ml2, evaluations (EM-EP: its rounds), peak_bytes,
+    final_bytes, threads, measured, or None below _ESTIMATE_FROM_N. measure: None, this machine's speed is measured
     (_machine_speed, 0.05-0.3 s) only when the fit might be long: when at _ROUGH_SPEED it is
     expected to take more than _SLOW_FIT_SECONDS / _ROUGH_MARGIN; True, always (verbose fits).
     Without it the estimate is at _ROUGH_SPEED (measured False, threads None: left as they are).
@@ -5489,8 +5495,8 @@ def _estimate_at(n, m, blocks, size, kind, method, optimize, runs, speed):
         N = size * k
         return blocks * (chol * t_chol * (N / _SPEED_N) ** 3 + passes * t_pass * (N / _SPEED_N) ** 2)
 
-    evals = (2 * _EMEP_ROUNDS if method == "emep" else _TYPICAL_EVALS) * runs if optimize else 0
-    ml2 = evals * seconds(_EVAL_WORK[kind], m)
+    evals = (_EMEP_ROUNDS if method == "emep" else _TYPICAL_EVALS) * runs if optimize else 0
+    ml2 = evals * (_EMEP_ROUND_WORK if method == "emep" else 1.0) * seconds(_EVAL_WORK[kind], m)
     final = seconds(_FINAL_WORK[kind], n)
     grad_arrays, plain_arrays = _PEAK_ARRAYS[kind]
     peak = 8.0 * blocks * max(grad_arrays * (size * m) ** 2 if optimize else 0, plain_arrays * (size * n) ** 2)
@@ -5602,12 +5608,13 @@ class _FitMonitor:
             unit = "round" if self.rounds else "evaluation"
             if self.expected and self.count < self.expected:
                 left = f", about {_duration(per * (self.expected - self.count))} left"
-            elif self.expected:
-                left = (", beyond the typical count (EM-EP stops at convergence or max_iter)" if self.rounds
-                        else ", beyond the typical count (L-BFGS-B stops at convergence or max_iter)")
+            elif self.expected:         # past the count: "of about 20" would read as an error
+                left = (f", beyond the typical {self.expected} (EM-EP stops at convergence or max_iter)"
+                        if self.rounds else
+                        f", beyond the typical {self.expected} (L-BFGS-B stops at convergence or max_iter)")
             else:
                 left = ""
-            of = f" of about {self.expected}" if self.expected else ""
+            of = f" of about {self.expected}" if self.expected and self.count < self.expected else ""
             if self.rounds:
                 self.say(f"EM-EP round {self.round}{of}: log Z_EP {value:.4f} (best {self.best_v:.4f}), "
                          f"{per:.2f} s per {unit}{left}")
@@ -6228,7 +6235,7 @@ class GPClassifier:
         show = bool(self.verbose) if self.verbose is not None else (
             est is not None and est["seconds"] >= _SLOW_FIT_SECONDS)
         rounds = method == "emep" and bool(self.optimize)
-        monitor = _FitMonitor(show, (est["evaluations"] // 2 if rounds else est["evaluations"]) if est else None,
+        monitor = _FitMonitor(show, est["evaluations"] if est else None,
                               rounds=rounds)
         monitor.estimate = est
         monitor.optimize = bool(self.optimize)
@@ -6274,7 +6281,7 @@ class GPClassifier:
                         + f"; {blas} (measured faster now)")
         if self.optimize and est["seconds_ml2"] >= _LONG_FIT_SECONDS:
             hint = ""
-            m_alt = 1000 if method == "emep" else 2000      # EM-EP: about 20 rounds of EP and eq. 31
+            m_alt = 1000 if method == "emep" else 2000      # EM-EP: about 40 rounds of EP and eq. 31
             if m > m_alt:
                 alt = _fit_estimate(n, m_alt, blocks, method, True, runs)
                 hint = (f" max_ml2_n={m_alt} ({what} on a random subset of {m_alt}, then the approximation "

@@ -50,14 +50,17 @@ def test_speed_is_measured_only_for_fits_that_might_be_long(monkeypatch):
     t_chol, t_pass, _ = gpclab._ROUGH_SPEED
     assert short["seconds"] == pytest.approx(10 * t_chol * 8 + 40 * t_pass * 4)
     assert short["seconds"] * gpclab._ROUGH_MARGIN < gpclab._SLOW_FIT_SECONDS
-    long = gpclab._fit_estimate(2000, 2000, (1, 1), "ep", True, 1)            # ML-II on EP: 15 x 60
+    long = gpclab._fit_estimate(2000, 2000, (1, 1), "ep", True, 1)            # ML-II on EP: 15 x 40
     assert calls == [1] and long["measured"] is True and long["threads"] == 1
-    assert long["seconds"] == pytest.approx((15 * 60 + 60) * 1e-3 * 8 + (15 * 40 + 40) * 1e-4 * 4)
+    assert long["seconds"] == pytest.approx((15 * 40 + 60) * 1e-3 * 8 + (15 * 40 + 40) * 1e-4 * 4)
+    emep = gpclab._fit_estimate(2000, 2000, (1, 1), "emep", True, 1)         # 40 rounds of 2.5 x 40
+    assert emep["evaluations"] == 40
+    assert emep["seconds"] == pytest.approx((40 * 2.5 * 40 + 60) * 1e-3 * 8 + (40 * 2.5 * 40 + 40) * 1e-4 * 4)
     asked = gpclab._fit_estimate(2000, 2000, (1, 1), "laplace", False, 1, measure=True)
-    assert calls == [1, 1] and asked["measured"] is True
+    assert calls == [1, 1, 1] and asked["measured"] is True
     X, y = problem(2000)
     gpclab.GPClassifier(optimize=False).fit(X, y)                     # short: not measured
-    assert calls == [1, 1]
+    assert calls == [1, 1, 1]
 
 
 def test_estimate_scales_as_n_cubed(slow_machine):
@@ -104,7 +107,7 @@ def test_no_progress_for_small_fits_unless_asked(capsys):
     # no estimate below _ESTIMATE_FROM_N: the lines count without a typical count to compare with
     assert re.match(r"GPClassifier.fit: ML-II evaluation 1: log evidence -\d+\.\d+ \(best -\d+\.\d+\), "
                     r"\d+\.\d+ s per evaluation$", lines[0]), lines[0]
-    assert "None" not in err and "of about" not in err and "beyond the typical count" not in err
+    assert "None" not in err and "of about" not in err and "beyond the typical" not in err
     assert lines[-3].startswith("GPClassifier.fit: fitting at all n = 60: log_hyp [")
     assert lines[-2].startswith("GPClassifier.fit: the approximation at all n = 60 done in")
     assert lines[-1].startswith("GPClassifier.fit: done in")
@@ -141,6 +144,31 @@ def test_evaluation_lines_are_not_crowded_out_by_the_lines_of_a_long_step():
     assert "log evidence -9.0000 (best -9.0000)" in lines[2] and "left" in lines[2]
 
 
+def test_progress_past_the_typical_count_says_so_without_of_about():
+    """EM-EP can run past its typical rounds (ionosphere's 111 EP runs against 40): the lines beyond it
+    say "beyond the typical 3", not "round 4 of about 3" nor a time left."""
+    import io
+
+    for rounds in (True, False):
+        out = io.StringIO()
+        m = gpclab._FitMonitor(True, 3, stream=out, rounds=rounds)
+        t = {"now": 0.0}
+        m.clock = lambda: t["now"]
+        m.start = m.last = m.event = m.summary = 0.0
+        for k in range(5):
+            t["now"] += 10.0                                # an evaluation line at most every 5 s
+            m(np.zeros(2), -10.0 + k, k if rounds else None)
+        lines = [line.replace("GPClassifier.fit: ", "") for line in out.getvalue().splitlines()]
+        unit, what = ("EM-EP round", "EM-EP") if rounds else ("ML-II evaluation", "L-BFGS-B")
+        first = 0 if rounds else 1
+        assert [line.split(":")[0] for line in lines] == (
+            [f"{unit} {first} of about 3", f"{unit} {first + 1} of about 3"]
+            + [f"{unit} {k}" for k in range(first + 2, first + 5)]), lines
+        assert all("left" in line for line in lines[:2]), lines
+        assert all(line.endswith(f", beyond the typical 3 ({what} stops at convergence or max_iter)")
+                   for line in lines[2:]), lines
+
+
 def test_interrupt_message_counts_in_the_singular_and_plural():
     for rounds, unit in ((False, "ML-II evaluation"), (True, "EM-EP round")):
         m = gpclab._FitMonitor(False, None, rounds=rounds)
@@ -172,15 +200,15 @@ def test_the_approximation_at_all_n_after_ml2_on_a_subset_is_announced(slow_mach
 @pytest.mark.filterwarnings("ignore:GPClassifier.fit. EM-EP did not converge")
 def test_emep_shows_a_line_per_round(slow_machine, capsys):
     """EM-EP's progress: one line per round (round 0: the E-step at the start) with its log Z_EP,
-    the values of the fit's own history, counted against the typical 20 rounds."""
+    the values of the fit's own history, counted against the typical rounds (_EMEP_ROUNDS)."""
     X, y = problem(60)
-    with pytest.warns(RuntimeWarning, match="EM-EP on all n: about 20 rounds"):
+    with pytest.warns(RuntimeWarning, match=f"EM-EP on all n: about {gpclab._EMEP_ROUNDS} rounds"):
         clf = gpclab.GPClassifier(method="emep", max_iter=4, max_ml2_n=60, verbose=True).fit(X, y)
     lines = [s for s in capsys.readouterr().err.splitlines() if "EM-EP round" in s and ": running for " not in s]
     assert len(lines) == clf.n_iter_ + 1 == clf.emep_.log_Z.shape[0]
     for k, (line, log_Z) in enumerate(zip(lines, clf.emep_.log_Z)):
-        got = re.match(r"GPClassifier.fit: EM-EP round (\d+) of about 20: log Z_EP (-?\d+\.\d+) \(best "
-                       r"(-?\d+\.\d+)\), \d+\.\d+ s per round, about .* left$", line)
+        got = re.match(rf"GPClassifier.fit: EM-EP round (\d+) of about {gpclab._EMEP_ROUNDS}: log Z_EP "
+                       r"(-?\d+\.\d+) \(best (-?\d+\.\d+)\), \d+\.\d+ s per round, about .* left$", line)
         assert got, line
         assert int(got[1]) == k
         assert float(got[2]) == pytest.approx(log_Z, abs=1e-4)
