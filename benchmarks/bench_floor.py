@@ -30,6 +30,11 @@ which the fits call, and multi-class EP's evidence run (_ep_multiclass_run, coun
 the calls counted are printed under the table, so that a fit that reaches its arithmetic another way
 shows up as uncounted (floor "n/a"), not as a fast fit.
 
+Times: a fit under SHORT_FIT (2 s) is run up to REPEATS (3) times and its fastest run is kept (time, counts
+and time in boxes), as each of the floor's operations is the best of a few runs on arrays already
+touched; the first fit at a size pays for fresh memory (page faults, the allocator's growth: Laplace at
+n = 1,000 took 72 ms the first time and 56-58 ms after, against a floor of 45 ms). Longer fits run once.
+
 Evaluations: for ML-II, gpclab's evidence evaluations (its gradients) against a reference optimiser on
 the same data, kernel ('se' = scikit-learn's ConstantKernel * RBF), start (data_log_hyp, the default
 start of GPClassifier) and bounds (default_bounds): Laplace against scikit-learn's
@@ -75,6 +80,9 @@ from scipy.linalg import blas, lapack
 from threadpoolctl import ThreadpoolController, threadpool_limits
 
 import gpclab
+
+SHORT_FIT = 2.0   # seconds: a fit shorter than this is run up to REPEATS times, its fastest run kept
+REPEATS = 3
 
 ALL_FITS = ["laplace", "ep", "mc-laplace", "mc-ep", "ais", "emep", "ml2-laplace", "ml2-ep"]
 LABEL = {"laplace": "Laplace", "ep": "EP", "mc-laplace": "multi-class Laplace", "mc-ep": "multi-class EP",
@@ -368,41 +376,59 @@ def _first_clause(message):
     return message[:min(cut)] if cut else message[:200]
 
 
-def run_fit(fit, X, y, args):
-    """Run one fit; returns dict(time, counter, evidence, evaluations, warnings)."""
+def fit_once(fit, X, y, args):
+    """One run of the fit, counted: dict(time, counter, evidence, ais)."""
     classes = np.unique(y)
     idx = np.searchsorted(classes, y)
     y_pm = np.where(idx == 1, 1.0, -1.0)
     out = {"evidence": None, "evaluations": None}
-    gpclab._spread_cache.clear()          # each fit measures its own checks of X, as a first fit on new data
+    gpclab._spread_cache.clear()      # each fit measures its own checks of X, as a first fit on new data
+    with Counter() as counter:
+        t = time.perf_counter()
+        if fit in ("laplace", "ep", "mc-laplace", "mc-ep"):
+            method = "ep" if fit.endswith("ep") else "laplace"
+            kernel = "kg" if fit == "mc-ep" else "se"
+            h = gpclab.default_log_hyp(kernel, X) if kernel == "kg" else gpclab.data_log_hyp(kernel, X, idx)
+            m = gpclab.GPClassifier(method=method, kernel=kernel, log_hyp=h, optimize=False).fit(X, y)
+            out["evidence"] = m.log_marginal_likelihood_
+        elif fit == "ais":
+            K = gpclab.kernel_matrix("se", X, X, gpclab.data_log_hyp("se", X, idx))
+            t_pre = time.perf_counter()
+            step, n_lf = gpclab.hmc_step_size(K, "probit")       # not timed: an eigenvalue problem
+            t += time.perf_counter() - t_pre
+            res = gpclab.ais(K, y_pm, "probit", T=args.ais_T, R=args.ais_R, step=step, n_leapfrog=n_lf)
+            out["evidence"] = float(res[0])
+            out["ais"] = (args.ais_T, args.ais_R, n_lf)
+        elif fit == "emep":
+            m = gpclab.GPClassifier(method="emep").fit(X, y)
+            out["evidence"] = m.log_marginal_likelihood_
+        else:
+            method = "ep" if fit == "ml2-ep" else "laplace"
+            h0 = gpclab.data_log_hyp("se", X, idx)
+            m = gpclab.GPClassifier(method=method, kernel="se", log_hyp=h0).fit(X, y)
+            out["evidence"] = m.log_marginal_likelihood_
+        out["time"] = time.perf_counter() - t
+    out["counter"] = counter
+    return out
+
+
+def run_fit(fit, X, y, args):
+    """Run one fit; returns dict(time, counter, evidence, evaluations, warnings). A fit shorter than
+    SHORT_FIT seconds is run up to REPEATS times and its fastest run kept (its time, its counts and
+    its time in boxes), as the floor's operations are the best of a few runs: the first fit at a size
+    pays for fresh memory (page faults, the allocator's growth) that later ones, and the floor's
+    operations on arrays already touched, do not."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with Counter() as counter:
-            t = time.perf_counter()
-            if fit in ("laplace", "ep", "mc-laplace", "mc-ep"):
-                method = "ep" if fit.endswith("ep") else "laplace"
-                kernel = "kg" if fit == "mc-ep" else "se"
-                h = gpclab.default_log_hyp(kernel, X) if kernel == "kg" else gpclab.data_log_hyp(kernel, X, idx)
-                m = gpclab.GPClassifier(method=method, kernel=kernel, log_hyp=h, optimize=False).fit(X, y)
-                out["evidence"] = m.log_marginal_likelihood_
-            elif fit == "ais":
-                K = gpclab.kernel_matrix("se", X, X, gpclab.data_log_hyp("se", X, idx))
-                t_pre = time.perf_counter()
-                step, n_lf = gpclab.hmc_step_size(K, "probit")       # not timed: an eigenvalue problem
-                t += time.perf_counter() - t_pre
-                res = gpclab.ais(K, y_pm, "probit", T=args.ais_T, R=args.ais_R, step=step, n_leapfrog=n_lf)
-                out["evidence"] = float(res[0])
-                out["ais"] = (args.ais_T, args.ais_R, n_lf)
-            elif fit == "emep":
-                m = gpclab.GPClassifier(method="emep").fit(X, y)
-                out["evidence"] = m.log_marginal_likelihood_
-            else:
-                method = "ep" if fit == "ml2-ep" else "laplace"
-                h0 = gpclab.data_log_hyp("se", X, idx)
-                m = gpclab.GPClassifier(method=method, kernel="se", log_hyp=h0).fit(X, y)
-                out["evidence"] = m.log_marginal_likelihood_
-            out["time"] = time.perf_counter() - t
-    out["counter"] = counter
+        out = fit_once(fit, X, y, args)
+        runs = 1
+        while out["time"] < SHORT_FIT and runs < REPEATS:
+            runs += 1
+            again = fit_once(fit, X, y, args)
+            if again["time"] < out["time"]:
+                out = again
+        out["runs"] = runs
+    counter = out["counter"]
     out["warnings"] = sorted({_first_clause(str(w.message)) for w in caught})
     s = counter.summary()
     if fit.startswith("ml2"):
@@ -486,7 +512,8 @@ def detail(r):
     if r.get("ref"):
         extra += f"; reference optimiser {fmt_t(r['ref time'])}"
     w = f"; warnings: {' | '.join(r['warnings'])}" if r["warnings"] else ""
-    return f"- {LABEL[r['fit']]}, {r['data']}, n = {r['n']}: counted {calls or 'nothing'}{extra}{w}"
+    runs = f"; the fastest of {r['runs']} runs" if r.get("runs", 1) > 1 else ""
+    return f"- {LABEL[r['fit']]}, {r['data']}, n = {r['n']}: counted {calls or 'nothing'}{extra}{runs}{w}"
 
 
 def main(argv=None):
@@ -583,7 +610,8 @@ def main(argv=None):
                   + f"  [{time.perf_counter() - t0:.0f} s]", flush=True)
 
     text = table(rows) + "\n\n" + "\n".join(detail(r) for r in rows if not r.get("skipped"))
-    text += ("\n\ntime: the whole fit (GPClassifier.fit; gpclab.ais for AIS); in boxes: the part of it inside "
+    text += ("\n\ntime: the whole fit (GPClassifier.fit; gpclab.ais for AIS), the fastest of up to "
+             f"{REPEATS} runs for a fit under {SHORT_FIT:g} s, as the floor's operations are the best of a few; in boxes: the part of it inside "
              "the counted box functions; floor: their LAPACK/BLAS arithmetic (see the docstring); ratio = time / "
              "floor. thr: BLAS threads in the fit (gpclab uses one while every dimension is below 1500: two "
              "threads pay off only above that, and below it they spin on a shared machine's cores); the floor is "

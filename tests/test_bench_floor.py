@@ -125,3 +125,31 @@ def test_a_fit_gpclassifier_refuses_is_a_skipped_row(monkeypatch, tmp_path, caps
 
     with pytest.raises(RuntimeError, match="something else"):
         bench_floor.main(["--n", "60", "--sets", "none", "--fits", "emep", "--no-reference"])
+
+
+def test_a_short_fit_is_timed_as_its_fastest_run_with_that_runs_counts(monkeypatch):
+    """A fit under SHORT_FIT runs REPEATS times (the floor's operations are each the best of a few):
+    the run kept is the fastest, with its own counts; a fit that takes SHORT_FIT or more runs once."""
+    args = namedtuple("Args", "ais_T ais_R")(10, 1)
+    X, y = bench_floor.synthetic(60)
+    r = bench_floor.run_fit("laplace", X, y, args)             # the real fit: one run's counts
+    assert r["runs"] == bench_floor.REPEATS == 3
+    assert [name for name, *_ in r["counter"].calls] == ["laplace_mode"]
+    assert 0 < r["time"] < bench_floor.SHORT_FIT
+
+    def scripted(times):
+        def fit_once(fit, X, y, args):
+            c = bench_floor.Counter()
+            c.calls = [("laplace_mode", (60, 60), Mode(len(seen)), False)]
+            seen.append(1)
+            return {"evidence": None, "evaluations": None, "time": times[len(seen) - 1], "counter": c}
+        seen = []
+        return fit_once, seen
+
+    for times, runs, kept in (([1.5, 0.5, 1.0], 3, 1), ([0.9, 0.4, 0.2], 3, 2), ([2.0, 0.1], 1, 0),
+                              ([1.0, 3.0, 0.7], 3, 2)):
+        once, seen = scripted(times)
+        monkeypatch.setattr(bench_floor, "fit_once", once)
+        r = bench_floor.run_fit("laplace", X, y, args)
+        assert r["runs"] == runs == len(seen)
+        assert r["time"] == times[kept] and r["counter"].calls[0][2].n_iter == kept
