@@ -5388,7 +5388,7 @@ _ROUGH_MARGIN = 10.0
 # approximation at all n (started cold, no gradient). Laplace measured at n = 1,000-4,000 (ML-II at
 # n = 4,000: 35 s where 33 s was estimated); binary EP since its blocked rank-one updates: ML-II at
 # n = 2,000 and 4,000 took 1.4 s and 10 s an evaluation where the 60 factorisations counted before
-# predicted 2.3 s and 16 s (bench_floor.py; at first, 93 s at n = 2,000 where 45 predicted 71 s)
+# predicted 2.3 s and 18 s (bench_floor.py; at first, 93 s at n = 2,000 where 45 predicted 71 s)
 _EVAL_WORK = {"laplace": (6.0, 40.0), "ep": (40.0, 40.0)}
 _FINAL_WORK = {"laplace": (10.0, 40.0), "ep": (60.0, 40.0)}
 _TYPICAL_EVALS = 15        # L-BFGS-B's evaluations on the data sets measured (12-14), rounded up
@@ -5606,15 +5606,16 @@ class _FitMonitor:
             self.summary = now
             per = (now - self.start) / self.count
             unit = "round" if self.rounds else "evaluation"
-            if self.expected and self.count < self.expected:
-                left = f", about {_duration(per * (self.expected - self.count))} left"
-            elif self.expected:         # past the count: "of about 20" would read as an error
+            done = self.round if self.rounds else self.count    # EM-EP's round 0 is the E-step at the start
+            if self.expected and done < self.expected:
+                left = f", about {_duration(per * (self.expected - done))} left"
+            elif self.expected and done > self.expected:    # past the count: "round 45 of about 40" reads as an error
                 left = (f", beyond the typical {self.expected} (EM-EP stops at convergence or max_iter)"
                         if self.rounds else
                         f", beyond the typical {self.expected} (L-BFGS-B stops at convergence or max_iter)")
             else:
                 left = ""
-            of = f" of about {self.expected}" if self.expected and self.count < self.expected else ""
+            of = f" of about {self.expected}" if self.expected and done <= self.expected else ""
             if self.rounds:
                 self.say(f"EM-EP round {self.round}{of}: log Z_EP {value:.4f} (best {self.best_v:.4f}), "
                          f"{per:.2f} s per {unit}{left}")
@@ -6235,7 +6236,8 @@ class GPClassifier:
         show = bool(self.verbose) if self.verbose is not None else (
             est is not None and est["seconds"] >= _SLOW_FIT_SECONDS)
         rounds = method == "emep" and bool(self.optimize)
-        monitor = _FitMonitor(show, est["evaluations"] if est else None,
+        # EM-EP's rounds count from 0 in each run (restarts), ML-II's evaluations across the runs
+        monitor = _FitMonitor(show, (est["evaluations"] // runs if rounds else est["evaluations"]) if est else None,
                               rounds=rounds)
         monitor.estimate = est
         monitor.optimize = bool(self.optimize)

@@ -145,8 +145,10 @@ def test_evaluation_lines_are_not_crowded_out_by_the_lines_of_a_long_step():
 
 
 def test_progress_past_the_typical_count_says_so_without_of_about():
-    """EM-EP can run past its typical rounds (ionosphere's 111 EP runs against 40): the lines beyond it
-    say "beyond the typical 3", not "round 4 of about 3" nor a time left."""
+    """A fit can run past its typical count (EM-EP's rounds: 23-111 E-steps on the floor table's sets
+    against 40): up to the count a line says "of about N" (with a time left before it), past it
+    "beyond the typical N", not "round 45 of about 40" nor a time left. EM-EP's round 0 is the
+    E-step at the start, so its round N is the last typical one; ML-II counts from evaluation 1."""
     import io
 
     for rounds in (True, False):
@@ -155,18 +157,20 @@ def test_progress_past_the_typical_count_says_so_without_of_about():
         t = {"now": 0.0}
         m.clock = lambda: t["now"]
         m.start = m.last = m.event = m.summary = 0.0
-        for k in range(5):
+        first = 0 if rounds else 1
+        for k in range(first, first + 5):
             t["now"] += 10.0                                # an evaluation line at most every 5 s
             m(np.zeros(2), -10.0 + k, k if rounds else None)
         lines = [line.replace("GPClassifier.fit: ", "") for line in out.getvalue().splitlines()]
         unit, what = ("EM-EP round", "EM-EP") if rounds else ("ML-II evaluation", "L-BFGS-B")
-        first = 0 if rounds else 1
-        assert [line.split(":")[0] for line in lines] == (
-            [f"{unit} {first} of about 3", f"{unit} {first + 1} of about 3"]
-            + [f"{unit} {k}" for k in range(first + 2, first + 5)]), lines
-        assert all("left" in line for line in lines[:2]), lines
+        heads = [line.split(":")[0] for line in lines]
+        assert heads == ([f"{unit} {k} of about 3" for k in range(first, 4)]
+                         + [f"{unit} {k}" for k in range(4, first + 5)]), lines
+        at = 3 - first                                       # the line of the typical count itself
+        assert all(line.endswith(" left") for line in lines[:at]), lines
+        assert lines[at].endswith(" s per round" if rounds else " s per evaluation"), lines
         assert all(line.endswith(f", beyond the typical 3 ({what} stops at convergence or max_iter)")
-                   for line in lines[2:]), lines
+                   for line in lines[at + 1:]) and len(lines) == 5, lines
 
 
 def test_interrupt_message_counts_in_the_singular_and_plural():
