@@ -641,3 +641,23 @@ def test_multiclass_ep_on_small_X_uses_the_threads_measured_faster_but_not_more_
     assert _blas_threads() == before
     small = r.standard_normal((60, 2)), r.integers(0, 3, 60)                  # N = 120: one thread
     assert _threads_in_the_ep(monkeypatch, lambda: fit(*small)) == 1
+
+
+def test_one_thread_is_chosen_only_if_it_stays_faster(monkeypatch):
+    """Another BLAS's threads spin for a moment after their work (numpy and scipy each load an
+    OpenBLAS): a probe made then finds one thread faster. All threads are measured again after a
+    pause, and one thread is chosen only if it still wins (a core held by another process)."""
+    for rounds, want, calls in (([(9e-3, 1e-3), (7e-3, 1e-3), (5e-3, 1e-3)], (5e-3, 1e-3, None), 3),  # transient
+                                ([(9e-3, 1e-3), (7e-3, 1e-3), (9.5e-3, 1e-3)], (7e-3, 1e-3, 1), 3),   # held core
+                                ([(5e-3, 1e-3), (9e-3, 1e-3)], (5e-3, 1e-3, None), 2)):                # idle
+        seen = []
+
+        def speed_round(K, sW, threads):
+            seen.append(threads)
+            return rounds[len(seen) - 1]
+
+        monkeypatch.setattr(gpclab, "_speed_round", speed_round)
+        monkeypatch.setattr(gpclab, "_SPEED_SETTLE", 0.0)
+        monkeypatch.setattr(gpclab, "_machine_speed_cache", [])
+        assert gpclab._machine_speed() == want
+        assert seen == [None, 1, None][:calls]
