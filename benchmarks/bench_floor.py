@@ -615,8 +615,8 @@ def main(argv=None):
 
     text = table(rows) + "\n\n" + "\n".join(detail(r) for r in rows if not r.get("skipped"))
     text += ("\n\ntime: the whole fit (GPClassifier.fit; gpclab.ais for AIS), the fastest of up to "
-             f"{REPEATS} runs for a fit under {SHORT_FIT:g} s, as the floor's operations are the best of a few; in boxes: the part of it inside "
-             "the counted box functions; floor: their LAPACK/BLAS arithmetic (see the docstring); ratio = time / "
+             f"{REPEATS} runs for a fit under {SHORT_FIT:g} s, as the floor's operations are the best of a "
+             "few; in boxes: the part of it inside the counted box functions; floor: their LAPACK/BLAS arithmetic (see the docstring); ratio = time / "
              "floor. thr: BLAS threads in the fit (gpclab uses one while every dimension is below 1500: two "
              "threads pay off only above that, and below it they spin on a shared machine's cores); the floor is "
              f"timed with the same number. Total {time.perf_counter() - t0:.0f} s; load average at the end "
