@@ -365,3 +365,36 @@ def test_emep_start_and_bounds_follow_the_unit_of_x():
     assert np.all(shift[:3] == 0.0)
     assert gpclab._emep_unit_shift("kg", raw, np.array([True, False]))[3] == 0.0
     np.testing.assert_allclose(gpclab._emep_unit_shift("kg_iso", raw)[3], -np.log(raw.var(0).mean()))
+
+
+@pytest.mark.parametrize("method", ["laplace", "ep"])
+def test_fit_keeps_the_K_of_its_final_approximation_and_retries_a_failed_warm_start_cold(method, monkeypatch):
+    """The binary fit forms K once for its final approximation and keeps it for the predictions: K_
+    is kernel_matrix's at log_hyp_ to the bit, and result_ is evidence's (the public path, which forms
+    its own K). When the warm start from ML-II's last sites or mode does not converge, the
+    approximation is run again from a cold start, and that result is kept (EP; Laplace's mode
+    search starts from f = 0)."""
+    X, y = small_problem(3, n=40, d=2)
+    m = gpclab.GPClassifier(method=method).fit(X, y)
+    y_pm = np.where(y == m.classes_[1], 1.0, -1.0)
+    np.testing.assert_array_equal(m.K_, gpclab.kernel_matrix(m.kernel_, X, X, m.log_hyp_))
+    v, _, res, _ = gpclab.evidence(X, y_pm, m.log_hyp_, m.kernel_, m.likelihood_, method, None, False)
+    assert m.log_marginal_likelihood_ == pytest.approx(v, abs=1e-7)
+
+    real, starts = gpclab._binary_approximation, []
+
+    def failing_warm_start(K, y, likelihood, method, warm, eps, tol=1e-9):
+        starts.append(warm is not None)
+        out = real(K, y, likelihood, method, warm, eps, tol)
+        return out._replace(converged=False) if warm is not None else out
+
+    monkeypatch.setattr(gpclab, "_binary_approximation", failing_warm_start)
+    m2 = gpclab.GPClassifier(method=method).fit(X, y)
+    # EP starts from ML-II's last sites; Laplace's mode search starts from f = 0 (one run)
+    assert starts == ([True, False] if method == "ep" else [False])
+    assert m2.result_.converged
+    assert m2.log_marginal_likelihood_ == pytest.approx(v, abs=1e-7)
+    # at fixed hyperparameters there is no warm start: one cold run
+    starts.clear()
+    gpclab.GPClassifier(method=method, log_hyp=m.log_hyp_, optimize=False).fit(X, y)
+    assert starts == [False]

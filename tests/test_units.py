@@ -108,6 +108,55 @@ def test_column_spread_is_numpys_median_of_the_distinct_pairs():
         np.testing.assert_array_equal(gpclab._column_spread(X), want)
 
 
+def _median_of_distinct_pairs(X, rows=200):
+    """The reference: numpy's median of each column's nonzero pair distances (NaN pairs left out)."""
+    sub = X[np.linspace(0, X.shape[0] - 1, min(X.shape[0], rows)).astype(int)]
+    i, j = np.triu_indices(sub.shape[0], 1)
+    out = []
+    for m in range(X.shape[1]):
+        dist = np.abs(sub[i, m] - sub[j, m])
+        out.append(np.median(dist[dist > 0]) if np.any(dist > 0) else 0.0)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "rounded", "few integers", "half tied", "log-normal", "two values"])
+def test_column_spread_selection_is_exact_on_ties_and_few_distinct_distances(kind):
+    """_column_spread selects the median among the pair distances without forming them (two values
+    from a sample of them bracket its rank, the pairs between them are kept): the result must be
+    numpy's median to the last bit, for odd and even counts, with many equal distances (integer
+    columns: a handful of distinct distances, each thousands of times) and at every row count up to
+    the sample of 200."""
+    rng = np.random.default_rng(["gaussian", "rounded", "few integers", "half tied", "log-normal",
+                                 "two values"].index(kind))
+    for trial in range(60):
+        n = int(rng.integers(2, 320))
+        d = int(rng.integers(1, 4))
+        X = rng.standard_normal((n, d)) * 10.0 ** rng.uniform(-5, 5, d)
+        if kind == "rounded":
+            X = np.round(X / X.std(axis=0), int(rng.integers(0, 3)))
+        elif kind == "few integers":
+            X = rng.integers(0, int(rng.integers(2, 6)), (n, d)).astype(float)
+        elif kind == "half tied":
+            X[: n // 2] = X[0]
+        elif kind == "log-normal":
+            X = np.exp(3.0 * rng.standard_normal((n, d)))
+        elif kind == "two values":
+            X = np.where(rng.random((n, d)) < 0.3, 1.0, 4.0)
+        gpclab._spread_cache.clear()
+        np.testing.assert_array_equal(gpclab._column_spread(X), _median_of_distinct_pairs(X),
+                                      err_msg=f"{kind}, trial {trial}, n = {n}")
+        np.testing.assert_array_equal(gpclab._column_spread(X, 64), _median_of_distinct_pairs(X, 64))
+
+
+def test_column_spread_with_nan_leaves_those_pairs_out_as_numpy_does():
+    """A NaN in X (data_log_hyp is given what the user has): the pairs with it are left out of the
+    median, on the path that forms every pair, as before."""
+    X = np.random.default_rng(1).standard_normal((30, 3))
+    X[4, 1] = np.nan
+    gpclab._spread_cache.clear()
+    np.testing.assert_array_equal(gpclab._column_spread(X), _median_of_distinct_pairs(X))
+
+
 @pytest.mark.parametrize("kernel", ["se", "kg_iso"])
 def test_an_isotropic_kernel_on_inputs_in_different_units_warns(kernel):
     """One length-scale cannot serve inputs whose spreads differ 1e4 times: the fit says so and names
