@@ -11,14 +11,14 @@ and the code's departures from the box beside the lines they concern.
 Contents: each box, its function, and the line of the function's ``def`` in this
 file (the last row: the line of BOXES, which show_box and its helpers follow;
 tests/test_boxes.py keeps these numbers true):
-    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 1226
-    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1293
-    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1513
-    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1777
-    GPML Algorithm 3.5  expectation propagation           ep                          line 2195
-    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2274
-    K&R Algorithm 3     annealed importance sampling      ais                         line 2782
-    the boxes as printed, errata, departures              BOXES, show_box             line 4129
+    GPML Algorithm 3.1  binary Laplace, mode              laplace_mode                line 1238
+    GPML Algorithm 3.2  binary Laplace, predictions       laplace_predict             line 1305
+    GPML Algorithm 3.3  multi-class Laplace, mode         laplace_mode_multiclass     line 1525
+    GPML Algorithm 3.4  multi-class Laplace, predictions  laplace_predict_multiclass  line 1789
+    GPML Algorithm 3.5  expectation propagation           ep                          line 2207
+    GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2286
+    K&R Algorithm 3     annealed importance sampling      ais                         line 2794
+    the boxes as printed, errata, departures              BOXES, show_box             line 4141
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
     GPML 3.3   covariance functions; the likelihoods (3.15, 3.16) and their one
@@ -341,11 +341,17 @@ def kernel_grad(kernel, X, log_hyp, K, j, discrete=None):
                     dK[i, k] = 2.0 * K[i, k]
             return dK
         inv_l2 = math.exp(-2.0 * log_hyp[0])  # d/d log l = K r^2 / l^2
+        any_discrete = disc.any()
         for i in range(n):
             for k in range(i + 1):
                 r2 = 0.0
-                for c in range(d):
-                    r2 += _d_m(X[i, c], X[k, c], disc[c])
+                if any_discrete:
+                    for c in range(d):
+                        r2 += _d_m(X[i, c], X[k, c], disc[c])
+                else:                         # the same sum without the flags' branch (kernel_matrix)
+                    for c in range(d):
+                        t = X[i, c] - X[k, c]
+                        r2 += t * t
                 dK[i, k] = K[i, k] * r2 * inv_l2
                 dK[k, i] = dK[i, k]
         return dK
@@ -370,12 +376,18 @@ def kernel_grad(kernel, X, log_hyp, K, j, discrete=None):
     # d/d log w_c = v0 e(.) (-1/2 w_c d_c(x, x')); "kg_iso": d/d log l = v0 e(.) (-1/2 l r^2)
     c = j - off
     wc = math.exp(log_hyp[j])
+    any_discrete = disc.any()
     for i in range(n):
         for k in range(i + 1):
             if kernel == "kg_iso":
                 dist = 0.0
-                for m in range(d):
-                    dist += _d_m(X[i, m], X[k, m], disc[m])
+                if any_discrete:
+                    for m in range(d):
+                        dist += _d_m(X[i, m], X[k, m], disc[m])
+                else:
+                    for m in range(d):
+                        t = X[i, m] - X[k, m]
+                        dist += t * t
             else:
                 dist = _d_m(X[i, c], X[k, c], disc[c])
             dK[i, k] = (K[i, k] - v1 - (t2 if i == k else 0.0)) * (-0.5 * wc * dist)
