@@ -18,7 +18,7 @@ tests/test_boxes.py keeps these numbers true):
     GPML Algorithm 3.5  expectation propagation           ep                          line 2207
     GPML Algorithm 3.6  EP predictions                    ep_predict                  line 2286
     K&R Algorithm 3     annealed importance sampling      ais                         line 2794
-    the boxes as printed, errata, departures              BOXES, show_box             line 4141
+    the boxes as printed, errata, departures              BOXES, show_box             line 4175
 
 Part I, the book (numba ``@njit`` functions, in the chapter's order):
     GPML 3.3   covariance functions; the likelihoods (3.15, 3.16) and their one
@@ -3083,13 +3083,47 @@ def _half_inner(Q, dK):
 
 @njit(cache=True)
 def _weighted_kernel_grad(Q, X, kernel, log_hyp, C, discrete):
-    """dF/d log_hyp_j = 1/2 sum_ik Q_ik dC_ik / d log_hyp_j for each j (K&G 31)."""
+    """dF/d log_hyp_j = 1/2 sum_ik Q_ik dC_ik / d log_hyp_j for each j (K&G 31). For 'ard' and
+    'kg' the inputs' weights w_m are summed in one pass over the pairs (_ard_weight_grad) instead
+    of forming each dC (d n x n matrices)."""
     p = log_hyp.shape[0]
     grad = np.empty(p)
-    for j in range(p):
+    ard = kernel == "ard" or kernel == "kg"
+    off = 3 if kernel == "kg" else 2
+    for j in range(off if ard else p):
         check_interrupt()
         grad[j] = _half_inner(Q, kernel_grad(kernel, X, log_hyp, C, j, discrete))
+    if ard:
+        grad[off:] = _ard_weight_grad(Q, X, log_hyp, C, off, discrete)
     return grad
+
+
+@njit(cache=True, fastmath={"reassoc", "contract"})
+def _ard_weight_grad(Q, X, log_hyp, C, off, discrete):
+    """1/2 sum_ik Q_ik dC_ik / d log w_m for each input m, 'ard' and 'kg' (log w_m = log_hyp[off + m]):
+    with kernel_grad's dC_ik / d log w_m = (C_ik - v1 - t2 delta_ik) (-1/2 w_m d_m(x_i, x_k)), which
+    is 0 on the diagonal (d_m(x, x) = 0), the sum over both triangles is
+    -1/4 w_m sum_(i > k) (Q_ik + Q_ki) (C_ik - v1) d_m(x_i, x_k): one pass over the pairs, O(n^2 d)."""
+    n, d = X.shape
+    disc = discrete != 0.0
+    any_discrete = disc.any()
+    v1 = math.exp(log_hyp[1])
+    acc = np.zeros(d)
+    for i in range(n):
+        check_interrupt()
+        for k in range(i):
+            e = (Q[i, k] + Q[k, i]) * (C[i, k] - v1)
+            if any_discrete:
+                for m in range(d):
+                    acc[m] += e * _d_m(X[i, m], X[k, m], disc[m])
+            else:
+                for m in range(d):
+                    t = X[i, m] - X[k, m]
+                    acc[m] += e * (t * t)
+    out = np.empty(d)
+    for m in range(d):
+        out[m] = -0.25 * math.exp(log_hyp[off + m]) * acc[m]
+    return out
 
 
 @public(K="(n, n) psd", X="(n, d)", kernel="{se,ard,kg,kg_iso}", log_hyp="(p,) loghyp", mu="(n,)",
