@@ -5219,18 +5219,26 @@ def _ep_damped(K, y, result, likelihood, eps, tol):
     return result if last is None else last._replace(converged=False)
 
 
+def _ep_or_raise(K, y, sites, tol, likelihood, eps):
+    """ep on a K built here (unchecked), from sites (nu~, tau~) or None: a failed Cholesky factor
+    named by _factorisation_failed, skipped sites warned of (for ep_evidence's caller), as
+    _mode_or_raise for laplace_mode."""
+    nu0, tau0 = (None, None) if sites is None else sites
+    try:
+        res = ep.unchecked(K, y, nu0, tau0, tol=tol, likelihood=likelihood, eps=eps)
+    except np.linalg.LinAlgError as e:
+        raise _factorisation_failed("ep_evidence", "ep", e, [("K", K)]) from None
+    _warn_skipped(res, "ep_evidence", stacklevel=4)
+    return res
+
+
 def _binary_approximation(K, y, likelihood, method, warm, eps, tol=1e-9):
     """evidence's binary result (no gradient) on K = kernel_matrix(kernel, X, X, log_hyp, discrete)
     formed by the caller (GPClassifier.fit keeps it for the predictions): laplace_evidence's mode,
     or ep_evidence's EP result with evidence's damped sweeps after 100 that did not converge."""
     if method == "laplace":
         return _mode_or_raise(K, y, likelihood, warm)
-    nu0, tau0 = (None, None) if warm is None else warm
-    try:
-        res = ep.unchecked(K, y, nu0, tau0, tol=tol, likelihood=likelihood, eps=eps)
-    except np.linalg.LinAlgError as e:
-        raise _factorisation_failed("ep_evidence", "ep", e, [("K", K)]) from None
-    _warn_skipped(res, "ep_evidence")
+    res = _ep_or_raise(K, y, warm, tol, likelihood, eps)
     if not res.converged:
         damped = _ep_damped(K, y, res, likelihood, eps, tol)
         if damped is not res and (not np.isnan(damped.log_Z) or np.isnan(res.log_Z)):
@@ -6727,12 +6735,7 @@ def ep_evidence(X, y, log_hyp, kernel="se", sites=None, eval_gradient=True, disc
     result the EPResult of ep.
     """
     K = kernel_matrix.unchecked(kernel, X, X, log_hyp, discrete)
-    nu0, tau0 = (None, None) if sites is None else sites
-    try:
-        res = ep.unchecked(K, y, nu0, tau0, tol=tol, likelihood=likelihood, eps=eps)
-    except np.linalg.LinAlgError as e:
-        raise _factorisation_failed("ep_evidence", "ep", e, [("K", K)]) from None
-    _warn_skipped(res, "ep_evidence")
+    res = _ep_or_raise(K, y, sites, tol, likelihood, eps)
     grad = None
     if eval_gradient:
         grad = ep_log_Z_grad.unchecked(K, X, kernel, log_hyp, res.nu_tilde, res.tau_tilde, res.L, discrete)
