@@ -4865,7 +4865,7 @@ def _pair_distance_medians(cols):
             j = max(j, i + 1)
             while j < r and s[j] - s[i] <= lo:
                 j += 1
-            n_le += j - first[i] if j > first[i] else 0
+            n_le += j - first[i]                  # (j >= first[i]: the ties, at 0, are <= lo)
             if j < r:
                 above = min(above, s[j] - s[i])
         out[m] = (lo + (lo if n_le > k + 1 else above)) / 2.0
@@ -4879,7 +4879,7 @@ def _kth_pair_distance(s, first, k, work):
     window [lo_w[i], hi_w[i]) of each row, and the count below a value is one pass of two
     pointers (O(r)). Each pass takes two values a <= b from a sorted sample of 32 candidates,
     either side of the k-th's rank, and keeps the window between them (Floyd and Rivest's
-    selection): a few passes leave about r candidates, which are sorted."""
+    selection): a few passes leave 64 candidates or fewer, which are partitioned."""
     r = s.shape[0]
     lo_w, hi_w, ja, jb = work[0], work[1], work[2], work[3]
     for i in range(r):
